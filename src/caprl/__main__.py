@@ -1,0 +1,3 @@
+from caprl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""``caprl <stage> ...``: one subcommand per pipeline stage.
+
+Each stage is a module with ``add_arguments(parser)`` and ``main(args)``; modules are
+imported only when their stage runs, so ``caprl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from caprl.errors import CaprlError
+
+# stage name -> (module, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "synthesize": ("caprl.data.synthetic", "generate the built-in synthetic image dataset (Karpathy format)"),
+    "prepare": ("caprl.data.prepare", "Karpathy-format JSON -> normalised annotations"),
+    "vocab": ("caprl.data.vocab", "vocabulary + HDF5 labels from the normalised annotations"),
+    "features": ("caprl.features.extract", "extract one shard of image features with a registered backbone"),
+    "merge-features": ("caprl.features.merge", "merge feature shards into one HDF5 file"),
+    "references": ("caprl.data.references", "COCO-format reference captions of one split (for evaluation)"),
+    "cider-df": ("caprl.rewards.document_frequencies", "CIDEr-D document frequencies of the training references"),
+    "train": ("caprl.training.run", "train one run (model + objective) from params.yaml"),
+    "baseline": ("caprl.evaluation.baseline", "trivial baseline: the most frequent training caption for every image"),
+    "evaluate": ("caprl.evaluation.run", "beam-search captions on a split and score them with the official metrics"),
+    "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
+    "tables": ("caprl.tables.build", "build the result tables (Markdown, CSV, LaTeX)"),
+}
+
+
+def setup_logging(log_file: str | None, verbose: bool = False) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="caprl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE", required=True)
+    for name, (_module, help_text) in STAGES.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+        sp.add_argument("--log", default=None, help="also append log lines to this file")
+        sp.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Parse the stage name first, then let the stage add its own arguments.
+    stage = next((a for a in argv if not a.startswith("-")), None)
+    if stage in STAGES:
+        module = importlib.import_module(STAGES[stage][0])
+        stage_parser = parser._subparsers._group_actions[0].choices[stage]  # type: ignore[union-attr]
+        module.add_arguments(stage_parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log, args.verbose)
+    try:
+        module = importlib.import_module(STAGES[args.stage][0])
+        module.main(args)
+    except CaprlError as exc:
+        logging.getLogger("caprl").error("%s", exc)
+        print(f"caprl {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
