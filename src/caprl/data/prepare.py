@@ -1,0 +1,223 @@
+"""``caprl prepare``: a Karpathy-split JSON (COCO, Flickr30k, synthetic) -> normalised annotations.
+
+Input: Karpathy's ``dataset_<name>.json`` ({"images": [{"filepath"?, "filename", "imgid",
+"cocoid"?, "split", "sentences": [{"tokens"?, "raw"}]}]}). Output, sorted by id::
+
+    {"dataset": <params dataset.name>,
+     "images": [{"id": int, "file": "<path relative to image_root>", "split": "train"|"val"|"test",
+                 "captions": [[token, ...], ...], "raw": [sentence, ...]}, ...],
+     "stats": {...counts of what was read, remapped and dropped...}}
+
+``id`` is ``cocoid`` when present (COCO), else ``imgid``. Karpathy's ``restval`` split is
+training data, as in the standard preprocessing. Tokens are lower-case with punctuation
+stripped (Karpathy's tokenisation); empty captions, and images left with none, are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import string
+from pathlib import Path
+from typing import Any
+
+from caprl import io, params as params_mod
+from caprl.data import SPLITS
+from caprl.errors import CaprlError
+
+log = logging.getLogger(__name__)
+
+SPLIT_MAP = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+REAL_DATA_HELP = {
+    "coco": (
+        "Get dataset_coco.json from Karpathy's 'caption_datasets' release (caption_datasets.zip) and the "
+        "COCO 2014 images (train2014/ and val2014/ under dataset.image_root)"
+    ),
+    "flickr30k": (
+        "Get dataset_flickr30k.json from Karpathy's 'caption_datasets' release (caption_datasets.zip) and the "
+        "Flickr30k images (flickr30k-images/, the folder dataset.image_root points at)"
+    ),
+    "synthetic": "Generate it with `caprl synthesize` (or run the workflow, which does so when dataset.synthetic is true)",
+}
+
+
+def tokenize(text: str) -> list[str]:
+    """Karpathy's tokenisation: lower-case, punctuation removed, split on whitespace."""
+    return text.lower().translate(_PUNCTUATION).split()
+
+
+def missing_json_message(path: Path, dataset: str) -> str:
+    how = REAL_DATA_HELP.get(
+        dataset, "Get the Karpathy-split file dataset_<name>.json for this dataset and its images"
+    )
+    return (
+        f"Karpathy-split JSON not found: {path} (params dataset.karpathy_json, dataset '{dataset}'). "
+        f"{how}; set dataset.karpathy_json and dataset.image_root in params.yaml. "
+        "See the README section 'Real data'."
+    )
+
+
+def read_karpathy(path: str | Path, dataset: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise CaprlError(missing_json_message(p, dataset))
+    data = io.read_json(p, what="Karpathy-split JSON")
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise CaprlError(f"{p}: expected a JSON object with an 'images' list (Karpathy split format)")
+    return data
+
+
+def _required(image: dict[str, Any], key: str, index: int, source: str) -> Any:
+    if key not in image:
+        raise CaprlError(f"{source}: images[{index}] has no key '{key}' (Karpathy split format)")
+    return image[key]
+
+
+def _caption_tokens(sentence: Any, index: int, j: int, source: str) -> tuple[list[str], str]:
+    where = f"{source}: images[{index}].sentences[{j}]"
+    if not isinstance(sentence, dict):
+        raise CaprlError(f"{where} is not an object with 'tokens' or 'raw'")
+    raw = sentence.get("raw")
+    if raw is not None and not isinstance(raw, str):
+        raise CaprlError(f"{where}.raw is not a string")
+    if "tokens" in sentence:
+        tokens = sentence["tokens"]
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise CaprlError(f"{where}.tokens is not a list of strings")
+        tokens = tokenize(" ".join(tokens))  # idempotent on Karpathy's tokens
+    elif raw is not None:
+        tokens = tokenize(raw)
+    else:
+        raise CaprlError(f"{where} has neither 'tokens' nor 'raw'")
+    return tokens, raw if raw is not None else " ".join(tokens)
+
+
+def prepare_annotations(data: dict[str, Any], dataset: str, source: str = "<karpathy json>") -> dict[str, Any]:
+    """Normalise a parsed Karpathy JSON (pure function; ``source`` names the file in errors)."""
+    images: list[dict[str, Any]] = []
+    first_index: dict[int, int] = {}
+    stats = {"images_read": 0, "captions_read": 0, "restval_as_train": 0, "empty_captions_dropped": 0,
+             "images_without_captions_dropped": 0}
+    for index, image in enumerate(data["images"]):
+        if not isinstance(image, dict):
+            raise CaprlError(f"{source}: images[{index}] is not a JSON object")
+        stats["images_read"] += 1
+        split = _required(image, "split", index, source)
+        if split not in SPLIT_MAP:
+            raise CaprlError(
+                f"{source}: images[{index}].split is {split!r}; expected one of {', '.join(SPLIT_MAP)}"
+            )
+        stats["restval_as_train"] += split == "restval"
+        image_id = image.get("cocoid", image.get("imgid"))
+        if image_id is None:
+            raise CaprlError(f"{source}: images[{index}] has no key 'cocoid' or 'imgid' (Karpathy split format)")
+        if not isinstance(image_id, int) or isinstance(image_id, bool):
+            raise CaprlError(f"{source}: images[{index}] id {image_id!r} is not an integer")
+        if image_id in first_index:
+            raise CaprlError(f"{source}: images[{index}] repeats id {image_id} of images[{first_index[image_id]}]")
+        first_index[image_id] = index
+        filename = _required(image, "filename", index, source)
+        filepath = image.get("filepath") or ""
+        if not isinstance(filename, str) or not filename or not isinstance(filepath, str):
+            raise CaprlError(f"{source}: images[{index}] filename/filepath must be non-empty strings")
+        sentences = _required(image, "sentences", index, source)
+        if not isinstance(sentences, list):
+            raise CaprlError(f"{source}: images[{index}].sentences is not a list")
+        captions, raws = [], []
+        for j, sentence in enumerate(sentences):
+            stats["captions_read"] += 1
+            tokens, raw = _caption_tokens(sentence, index, j, source)
+            if not tokens:
+                stats["empty_captions_dropped"] += 1
+                log.debug("%s: images[%d].sentences[%d] is empty, dropped", source, index, j)
+                continue
+            captions.append(tokens)
+            raws.append(raw)
+        if not captions:
+            stats["images_without_captions_dropped"] += 1
+            log.debug("%s: images[%d] (id %d) has no non-empty caption, dropped", source, index, image_id)
+            continue
+        file = f"{filepath.rstrip('/')}/{filename}" if filepath else filename
+        images.append({"id": image_id, "file": file, "split": SPLIT_MAP[split], "captions": captions, "raw": raws})
+    images.sort(key=lambda im: im["id"])
+    stats["images"] = len(images)
+    stats["captions"] = sum(len(im["captions"]) for im in images)
+    stats["split_images"] = {s: sum(im["split"] == s for im in images) for s in SPLITS}
+    return {"dataset": dataset, "images": images, "stats": stats}
+
+
+def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) -> None:
+    """Every annotated image file must exist under ``image_root`` (content is checked at extraction)."""
+    if not image_root.is_dir():
+        raise CaprlError(
+            f"image root not found: {image_root} (params dataset.image_root). "
+            f"{REAL_DATA_HELP.get(dataset, 'Put the images there')}. See the README section 'Real data'."
+        )
+    missing = [im["file"] for im in annotations["images"] if not (image_root / im["file"]).is_file()]
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise CaprlError(
+            f"{len(missing)} of {len(annotations['images'])} images are missing under {image_root}: {shown}. "
+            "Check dataset.image_root (image_root/filepath/filename must exist) or finish the download."
+        )
+
+
+def load_annotations(path: str | Path) -> dict[str, Any]:
+    """Read and validate an annotations file written by ``caprl prepare``."""
+    p = Path(path)
+    if not p.exists():
+        raise CaprlError(f"annotations file not found: {p} (made by `caprl prepare`)")
+    data = io.read_json(p, what="annotations file")
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) or "dataset" not in data:
+        raise CaprlError(f"{p}: not an annotations file (expected 'dataset' and an 'images' list); rerun `caprl prepare`")
+    for index, image in enumerate(data["images"]):
+        where = f"{p}: images[{index}]"
+        if not isinstance(image, dict):
+            raise CaprlError(f"{where} is not a JSON object; rerun `caprl prepare`")
+        for key in ("id", "file", "split", "captions", "raw"):
+            if key not in image:
+                raise CaprlError(f"{where} has no key '{key}'; rerun `caprl prepare`")
+        if not isinstance(image["id"], int) or image["split"] not in SPLITS:
+            raise CaprlError(f"{where}: id must be an integer and split one of {', '.join(SPLITS)}")
+        captions = image["captions"]
+        if (
+            not isinstance(captions, list)
+            or not captions
+            or not all(isinstance(c, list) and c and all(isinstance(t, str) for t in c) for c in captions)
+        ):
+            raise CaprlError(f"{where}.captions must be a non-empty list of non-empty token lists")
+        if not isinstance(image["raw"], list) or len(image["raw"]) != len(captions):
+            raise CaprlError(f"{where}.raw must be a list with one sentence per caption")
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--karpathy-json", type=Path, default=None,
+                        help="Karpathy-split JSON (default: params dataset.karpathy_json)")
+    parser.add_argument("--image-root", type=Path, default=None,
+                        help="directory the image paths are relative to (default: params dataset.image_root)")
+    parser.add_argument("--out", required=True, type=Path, help="normalised annotations JSON to write")
+
+
+def main(args: argparse.Namespace) -> None:
+    params = params_mod.load(args.params)
+    dataset = params["dataset"]["name"]
+    karpathy_json = Path(args.karpathy_json or params["dataset"]["karpathy_json"])
+    image_root = Path(args.image_root or params["dataset"]["image_root"])
+    annotations = prepare_annotations(read_karpathy(karpathy_json, dataset), dataset, source=str(karpathy_json))
+    stats = annotations["stats"]
+    if stats["empty_captions_dropped"] or stats["images_without_captions_dropped"]:
+        log.warning(
+            "%s: dropped %d empty captions and %d images left without captions",
+            karpathy_json, stats["empty_captions_dropped"], stats["images_without_captions_dropped"],
+        )
+    if stats["restval_as_train"]:
+        log.info("%d 'restval' images counted as train", stats["restval_as_train"])
+    check_images(annotations, image_root, dataset)
+    io.write_json(args.out, annotations, indent=None)
+    log.info(
+        "wrote %s: %d images (%s), %d captions",
+        args.out, stats["images"], ", ".join(f"{n} {s}" for s, n in stats["split_images"].items()), stats["captions"],
+    )

@@ -1,0 +1,1 @@
+"""Evaluation: captions on a split, official metrics, one MLflow run per job."""

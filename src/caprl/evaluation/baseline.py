@@ -1,0 +1,34 @@
+"""``caprl baseline``: the most frequent training caption, given to every image of the split.
+
+A floor for the tables: any model that learned something from the image beats it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from caprl import params as params_mod
+from caprl.data.prepare import load_annotations
+from caprl.evaluation.report import score_and_record
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--annotations", required=True)
+    parser.add_argument("--out-captions", required=True)
+    parser.add_argument("--out-scores", required=True)
+
+
+def most_frequent_caption(annotations: dict) -> str:
+    counts = Counter(" ".join(c) for img in annotations["images"] if img["split"] == "train" for c in img["captions"])
+    return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
+
+def main(args: argparse.Namespace) -> None:
+    params = params_mod.load(args.params)
+    annotations = load_annotations(args.annotations)
+    caption = most_frequent_caption(annotations)
+    split = params["evaluate"]["split"]
+    refs = {int(img["id"]): list(img["raw"]) for img in annotations["images"] if img["split"] == split}
+    info = {"run": "most-frequent", "model": "most-frequent caption", "objective": "none", "caption": caption}
+    score_and_record(params, "most-frequent", info, {i: caption for i in refs}, refs, args.out_captions, args.out_scores)

@@ -1,0 +1,55 @@
+"""Score a set of captions with the official metrics and record them (files + MLflow)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from caprl import io
+from caprl.metrics.official import OfficialScorer
+from caprl.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def score_and_record(
+    params: dict[str, Any],
+    label: str,
+    info: dict[str, Any],
+    captions: dict[int, str],
+    references: dict[int, list[str]],
+    out_captions: str,
+    out_scores: str,
+) -> dict[str, Any]:
+    """Write COCO-format results, official scores (``out_scores``), and log both to MLflow.
+
+    ``info`` (run, model, objective, ...) is stored beside the metrics so the tables
+    can be built from the score files alone.
+    """
+    ev = params["evaluate"]
+    results = [{"image_id": int(i), "caption": captions[i]} for i in sorted(captions)]
+    io.write_json(out_captions, results)
+    scorer = OfficialScorer()
+    try:
+        scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
+    finally:
+        scorer.close()
+    report = {**info, "dataset": params["dataset"]["name"], "split": ev["split"], "n_images": len(results),
+              "metrics": scored["corpus"], "unavailable": scored.get("unavailable", {})}
+    io.write_json(out_scores, report)
+    for name, reason in report["unavailable"].items():
+        log.warning("%s unavailable: %s", name, reason)
+    log.info("%s: %s", label, ", ".join(f"{k} {v:.4f}" for k, v in report["metrics"].items()))
+    examples = [{"image_id": i, "caption": captions[i], "references": references[i]}
+                for i in sorted(captions)[: ev["n_examples"]]]
+    examples_path = Path(out_scores).with_name("examples.json")
+    io.write_json(examples_path, examples)
+    with Tracker(params["tracking"]["experiment"], f"{params['dataset']['name']}/{label}/evaluate",
+                 tags={"stage": "evaluate", "dataset": params["dataset"]["name"],
+                       **{k: str(v) for k, v in info.items()}}) as tracker:
+        tracker.log_params({"evaluate": ev, "decode": params["decode"], **{"info": info}})
+        tracker.log_metrics(report["metrics"])
+        for path in (out_captions, out_scores, examples_path):
+            tracker.log_artifact(path)
+    return report

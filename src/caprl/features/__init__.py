@@ -1,0 +1,11 @@
+"""Image features: a registry of backbones, sharded extraction to HDF5, merging, a reader.
+
+* :mod:`caprl.features.backbones` -- ``name -> Backbone`` (``patches``, ``resnet101``, ``resnet152``).
+* :mod:`caprl.features.extract` -- ``caprl features``: one shard of a dataset -> one HDF5 file.
+* :mod:`caprl.features.merge` -- ``caprl merge-features``: shard files -> one HDF5 file.
+* :mod:`caprl.features.store` -- the HDF5 layout (writer) and :class:`Features` (reader).
+"""
+
+from caprl.features.store import Features
+
+__all__ = ["Features"]

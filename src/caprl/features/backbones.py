@@ -1,0 +1,291 @@
+"""Backbones: ``name -> class`` turning PIL images into a pooled vector and a grid of regions.
+
+Every backbone has the same interface::
+
+    backbone = build_backbone(params["features"])     # or SomeBackbone.from_params(...)
+    batch = torch.stack([backbone.preprocess(img) for img in images])
+    pooled, regions = backbone(batch)                   # [B, D], [B, R, D], float32, CPU
+
+with attributes ``name``, ``grid`` (regions form a grid x grid map), ``dim`` (D) and
+``n_regions`` (R = grid * grid). Regions are in row-major order: region ``r`` is row
+``r // grid`` (top to bottom), column ``r % grid`` (left to right).
+
+Adding a backbone is one class decorated with ``@register("name")`` plus the name in the
+schema's ``features.backbone`` enum.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from caprl.errors import CaprlError
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Backbone(abc.ABC):
+    """Common interface of all backbones (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    grid: int
+    dim: int
+    n_regions: int
+
+    @classmethod
+    @abc.abstractmethod
+    def from_params(cls, features: Mapping[str, Any]) -> "Backbone":
+        """Build from the ``features`` section of params.yaml."""
+
+    @abc.abstractmethod
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        """One PIL image (any mode) -> a float32 tensor ``[3, S, S]`` ready to batch."""
+
+    @abc.abstractmethod
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A preprocessed batch -> ``(pooled [B, D], regions [B, R, D])``, float32 on CPU."""
+
+    def config(self) -> dict[str, Any]:
+        """Settings that change the features (stored in the HDF5 attrs, checked on merge)."""
+        return {}
+
+    def attrs(self) -> dict[str, Any]:
+        """The HDF5 attributes describing these features."""
+        return {
+            "backbone": self.name,
+            "grid": self.grid,
+            "dim": self.dim,
+            "n_regions": self.n_regions,
+            "backbone_config": json.dumps(self.config(), sort_keys=True),
+        }
+
+
+_BackboneT = TypeVar("_BackboneT", bound=type[Backbone])
+BACKBONES: dict[str, type[Backbone]] = {}
+
+
+def register(name: str) -> Callable[[_BackboneT], _BackboneT]:
+    """Class decorator: make a backbone available under ``name``."""
+
+    def deco(cls: _BackboneT) -> _BackboneT:
+        if name in BACKBONES:
+            raise ValueError(f"backbone {name!r} registered twice")
+        cls.name = name
+        BACKBONES[name] = cls
+        return cls
+
+    return deco
+
+
+def build_backbone(features: Mapping[str, Any]) -> Backbone:
+    """The backbone named by ``features.backbone``, built from its params section."""
+    name = features["backbone"]
+    if name not in BACKBONES:
+        raise CaprlError(f"params.yaml features.backbone: unknown backbone {name!r}; known: {', '.join(sorted(BACKBONES))}")
+    return BACKBONES[name].from_params(features)
+
+
+def _to_tensor(image: Image.Image, size: int, resample: Image.Resampling) -> torch.Tensor:
+    """RGB, resized to ``size`` x ``size``, as float32 ``[3, size, size]`` in [0, 1]."""
+    rgb = image.convert("RGB")
+    if rgb.size != (size, size):
+        rgb = rgb.resize((size, size), resample)
+    array = np.asarray(rgb, dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return (x - m) / s
+
+
+# ----------------------------------------------------------------------------- patches
+
+
+@register("patches")
+class PatchesBackbone(Backbone):
+    """Cheap built-in backbone for the synthetic data: the image itself, on a coarse grid.
+
+    The image is resized (box filter) to ``OVERSAMPLE * grid * cell_size`` pixels square,
+    then average-pooled by ``OVERSAMPLE`` to ``grid * cell_size`` square, so each of the
+    grid x grid cells becomes a ``cell_size`` x ``cell_size`` patch of channels. Channels are
+    RGB mapped from [0, 1] to [-1, 1] (``2 * v - 1``: zero for mid-grey, unit scale), followed by
+    the optional ``extras`` (``features.patches.extras``), each also pooled to
+    ``cell_size`` x ``cell_size`` from the oversampled image:
+
+    * ``saturation`` -- chroma ``max(R,G,B) - min(R,G,B)``, which separates coloured shapes
+      from a grey/white background whatever their hue; normalised as ``(c - 0.2) / 0.3``;
+    * ``edges`` -- gradient magnitude of the grey image (forward differences), so thin
+      outlines that averaging blurs away still show; normalised as ``(e - 0.05) / 0.1``.
+
+    A region is its cell's channels flattened channel-major: ``dim = n_channels * cell_size**2``
+    (48 with the defaults grid 4, cell_size 4, no extras). ``pooled`` is the mean of the regions.
+    """
+
+    OVERSAMPLE: ClassVar[int] = 4
+    EXTRAS: ClassVar[dict[str, tuple[float, float]]] = {"saturation": (0.2, 0.3), "edges": (0.05, 0.1)}
+
+    def __init__(self, grid: int = 4, cell_size: int = 4, extras: tuple[str, ...] | list[str] = ()) -> None:
+        unknown = [e for e in extras if e not in self.EXTRAS]
+        if unknown:
+            raise CaprlError(
+                f"params.yaml features.patches.extras: unknown extra(s) {unknown}; known: {', '.join(self.EXTRAS)}"
+            )
+        self.grid = int(grid)
+        self.cell_size = int(cell_size)
+        self.extras = tuple(extras)
+        self.n_regions = self.grid * self.grid
+        self.dim = (3 + len(self.extras)) * self.cell_size**2
+        self.image_size = self.OVERSAMPLE * self.grid * self.cell_size
+
+    @classmethod
+    def from_params(cls, features: Mapping[str, Any]) -> "PatchesBackbone":
+        p = features["patches"]
+        return cls(grid=p["grid"], cell_size=p["cell_size"], extras=tuple(p.get("extras", ())))
+
+    def config(self) -> dict[str, Any]:
+        return {"grid": self.grid, "cell_size": self.cell_size, "extras": list(self.extras)}
+
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        return _to_tensor(image, self.image_size, Image.Resampling.BOX)
+
+    def _channels(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, S, S]`` in [0, 1] -> ``[B, C, grid*cell, grid*cell]`` normalised channels."""
+        k = self.OVERSAMPLE
+        chans = [2.0 * F.avg_pool2d(x, k) - 1.0]
+        for extra in self.extras:
+            if extra == "saturation":
+                full = x.amax(dim=1, keepdim=True) - x.amin(dim=1, keepdim=True)
+            else:  # edges
+                grey = x.mean(dim=1, keepdim=True)
+                dx = F.pad(grey[..., :, 1:] - grey[..., :, :-1], (0, 1, 0, 0))
+                dy = F.pad(grey[..., 1:, :] - grey[..., :-1, :], (0, 0, 0, 1))
+                full = torch.sqrt(dx * dx + dy * dy)
+            mean, std = self.EXTRAS[extra]
+            chans.append((F.avg_pool2d(full, k) - mean) / std)
+        return torch.cat(chans, dim=1)
+
+    @torch.inference_mode()
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = batch.float()
+        chans = self._channels(x)  # [B, C, G*c, G*c]
+        b, c, g, s = chans.shape[0], chans.shape[1], self.grid, self.cell_size
+        cells = chans.view(b, c, g, s, g, s).permute(0, 2, 4, 1, 3, 5)  # [B, G, G, C, s, s]
+        regions = cells.reshape(b, g * g, c * s * s).contiguous()
+        return regions.mean(dim=1), regions
+
+
+# ----------------------------------------------------------------------------- ResNet
+
+RESNET_MODEL_IDS = {"resnet101": "microsoft/resnet-101", "resnet152": "microsoft/resnet-152"}
+RESNET_DEPTHS = {"resnet101": [3, 4, 23, 3], "resnet152": [3, 8, 36, 3]}
+
+
+def resnet_config(name: str) -> Any:
+    """The ``transformers.ResNetConfig`` of ``resnet101``/``resnet152``, built locally (no download)."""
+    from transformers import ResNetConfig
+
+    return ResNetConfig(
+        num_channels=3,
+        embedding_size=64,
+        hidden_sizes=[256, 512, 1024, 2048],
+        depths=RESNET_DEPTHS[name],
+        layer_type="bottleneck",
+        hidden_act="relu",
+        downsample_in_first_stage=False,
+    )
+
+
+def load_resnet(name: str, pretrained: bool) -> Any:
+    """A ``transformers.ResNetModel``: downloaded weights, or the same architecture at random."""
+    from transformers import ResNetModel
+
+    if not pretrained:
+        return ResNetModel(resnet_config(name))
+    model_id = RESNET_MODEL_IDS[name]
+    try:
+        return ResNetModel.from_pretrained(model_id)
+    except OSError as exc:
+        raise CaprlError(
+            f"cannot load the pretrained weights {model_id} ({exc}); run once with internet access "
+            "(weights are cached under $HF_HOME) or copy the Hugging Face cache to this machine"
+        ) from exc
+
+
+def default_device() -> torch.device:
+    """CUDA when available, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class ResNetBackbone(Backbone):
+    """A ResNet's last conv map: grid regions by adaptive average pooling, plus its mean.
+
+    The image is resized (bilinear) to ``image_size`` square and normalised with the
+    ImageNet mean/std. The final stage's map ``[B, D, H, W]`` (14x14 for 448 pixels) gives
+    ``pooled = map.mean((H, W))`` (the model's own global average pool) and
+    ``regions = adaptive_avg_pool2d(map, grid)`` flattened row-major to ``[B, grid*grid, D]``.
+    ``D`` is the last hidden size (2048 for ResNet-101/152).
+    """
+
+    def __init__(self, model: Any, image_size: int, grid: int, device: torch.device | str | None = None,
+                 pretrained: bool = False) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = model.to(self.device).eval()
+        self.image_size = int(image_size)
+        self.grid = int(grid)
+        self.pretrained = bool(pretrained)
+        self.dim = int(model.config.hidden_sizes[-1])
+        self.n_regions = self.grid * self.grid
+        self._warned = False
+
+    @classmethod
+    def from_params(cls, features: Mapping[str, Any]) -> "ResNetBackbone":
+        r = features["resnet"]
+        model = load_resnet(cls.name, bool(r["pretrained"]))
+        return cls(model, image_size=r["image_size"], grid=r["grid"], pretrained=bool(r["pretrained"]))
+
+    def config(self) -> dict[str, Any]:
+        return {"image_size": self.image_size, "grid": self.grid, "pretrained": self.pretrained,
+                "model": RESNET_MODEL_IDS.get(self.name, "")}
+
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        x = _to_tensor(image, self.image_size, Image.Resampling.BILINEAR)
+        return _normalise(x.unsqueeze(0), IMAGENET_MEAN, IMAGENET_STD)[0]
+
+    @torch.inference_mode()
+    def feature_map(self, batch: torch.Tensor) -> torch.Tensor:
+        """The final conv map ``[B, D, H, W]`` (on the model's device)."""
+        out = self.model(pixel_values=batch.to(self.device, dtype=torch.float32))
+        return out.last_hidden_state
+
+    @torch.inference_mode()
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fmap = self.feature_map(batch)
+        if not self._warned and min(fmap.shape[-2:]) < self.grid:
+            log.warning("%s: conv map %s is smaller than the %dx%d grid; regions are interpolated "
+                        "(raise features.resnet.image_size)", self.name, tuple(fmap.shape[-2:]), self.grid, self.grid)
+            self._warned = True
+        pooled = fmap.mean(dim=(2, 3))
+        regions = F.adaptive_avg_pool2d(fmap, self.grid).flatten(2).transpose(1, 2)
+        return pooled.float().cpu(), regions.float().contiguous().cpu()
+
+
+@register("resnet101")
+class ResNet101Backbone(ResNetBackbone):
+    """ResNet-101 (``microsoft/resnet-101``)."""
+
+
+@register("resnet152")
+class ResNet152Backbone(ResNetBackbone):
+    """ResNet-152 (``microsoft/resnet-152``)."""

@@ -1,0 +1,152 @@
+"""``caprl features``: extract one shard of a dataset's image features into one HDF5 file.
+
+Sharding: the images are sorted by id and shard ``i`` of ``n`` (``n = len(features.shards)``)
+takes every n-th one, ``images_sorted[i::n]`` -- shards are balanced, each is ascending in
+id, and together they cover every image exactly once. ``caprl merge-features`` joins them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from caprl.errors import CaprlError
+from caprl.features.backbones import Backbone, build_backbone
+from caprl.features.store import open_writer
+from caprl.io import read_json
+
+log = logging.getLogger(__name__)
+
+_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def load_annotations(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read the normalised annotations; check the keys features need (``images[].id``, ``.file``)."""
+    data = read_json(path, what="annotations file")
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise CaprlError(f"{path}: expected an object with an 'images' list; re-create it with caprl prepare")
+    seen: dict[int, int] = {}
+    for k, image in enumerate(data["images"]):
+        where = f"{path}: images[{k}]"
+        if not isinstance(image, dict):
+            raise CaprlError(f"{where} is not an object; re-create the file with caprl prepare")
+        image_id, file = image.get("id"), image.get("file")
+        if not isinstance(image_id, int) or isinstance(image_id, bool):
+            raise CaprlError(f"{where}: 'id' must be an integer, got {image_id!r}; re-create the file with caprl prepare")
+        if not isinstance(file, str) or not file:
+            raise CaprlError(f"{where} (id {image_id}): 'file' must be a non-empty path; re-create the file with caprl prepare")
+        if image_id in seen:
+            raise CaprlError(f"{where}: image id {image_id} repeats images[{seen[image_id]}]; ids must be unique")
+        seen[image_id] = k
+    if not data["images"]:
+        raise CaprlError(f"{path}: 'images' is empty; nothing to extract")
+    return data
+
+
+def shard_count(shard: int, shards: Sequence[int]) -> int:
+    """The number of shards ``n`` (``features.shards`` must be 0..n-1); check ``shard`` is one of them."""
+    n = len(shards)
+    if sorted(shards) != list(range(n)):
+        raise CaprlError(f"params.yaml features.shards must list the ids 0..{n - 1} once each, got {list(shards)}")
+    if shard not in range(n):
+        raise CaprlError(f"--shard {shard}: params.yaml features.shards defines shards 0..{n - 1}")
+    return n
+
+
+def shard_images(images: Sequence[Mapping[str, Any]], shard: int, n_shards: int) -> list[Mapping[str, Any]]:
+    """Shard ``shard`` of ``n_shards``: every n-th image of the images sorted by id."""
+    return sorted(images, key=lambda im: int(im["id"]))[shard::n_shards]
+
+
+def load_image(path: Path, image_id: int, source: str) -> Image.Image:
+    """Open and fully decode one image; a missing or corrupt file is a CaprlError naming it."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.convert("RGB")
+    except FileNotFoundError:
+        raise CaprlError(
+            f"{path}: image not found (image id {image_id} in {source}); restore the file under the image "
+            "root (re-download, or re-run caprl synthesize), or pass the right --image-root"
+        ) from None
+    except _IMAGE_ERRORS as exc:
+        raise CaprlError(
+            f"{path}: cannot decode image (image id {image_id} in {source}): {exc}; replace the file "
+            "with a good copy (re-download, or re-run caprl synthesize)"
+        ) from exc
+
+
+def extract_features(
+    images: Sequence[Mapping[str, Any]],
+    image_root: str | os.PathLike[str],
+    backbone: Backbone,
+    out: str | os.PathLike[str],
+    batch_size: int,
+    attrs: Mapping[str, Any] | None = None,
+    source: str = "the annotations",
+) -> int:
+    """Run ``backbone`` over ``images`` (in the given order) in batches; write ``out`` atomically.
+
+    ``images`` are annotation records with ``id`` and ``file`` (relative to ``image_root``).
+    The file layout is documented in :func:`caprl.features.store.open_writer`; ``attrs`` are
+    added to the backbone's own. Returns the number of images written. On any error (e.g. a
+    missing or corrupt image) nothing is left at ``out``.
+    """
+    root = Path(image_root)
+    missing = [im for im in images if not (root / im["file"]).is_file()]
+    if missing:
+        first = missing[0]
+        raise CaprlError(
+            f"{root / first['file']}: image not found (image id {first['id']} in {source}); "
+            f"{len(missing)} of {len(images)} images of this shard are missing under {root}: restore them "
+            "(re-download, or re-run caprl synthesize) or pass the right --image-root"
+        )
+    all_attrs = {**backbone.attrs(), **(attrs or {})}
+    n_batches = (len(images) + batch_size - 1) // batch_size
+    t0 = time.perf_counter()
+    with open_writer(out, len(images), backbone.dim, backbone.n_regions, all_attrs) as writer:
+        for b in tqdm(range(n_batches), desc=f"features {backbone.name}", unit="batch", mininterval=5.0):
+            chunk = images[b * batch_size:(b + 1) * batch_size]
+            batch = torch.stack(
+                [backbone.preprocess(load_image(root / im["file"], int(im["id"]), source)) for im in chunk]
+            )
+            pooled, regions = backbone(batch)
+            writer.write([int(im["id"]) for im in chunk], pooled.numpy(), regions.numpy())
+    log.info("%d images -> %s (%s, %d regions x %d) in %.1fs", len(images), out, backbone.name,
+             backbone.n_regions, backbone.dim, time.perf_counter() - t0)
+    return len(images)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--annotations", required=True, help="normalised annotations JSON (from caprl prepare)")
+    parser.add_argument("--image-root", required=True, help="folder the annotations' image paths are relative to")
+    parser.add_argument("--shard", type=int, required=True, help="shard id, one of params.yaml features.shards")
+    parser.add_argument("--out", required=True, help="output HDF5 file of this shard")
+
+
+def main(args: argparse.Namespace) -> None:
+    from caprl.params import load
+    from caprl.seeding import seed_everything
+
+    params = load(args.params)
+    features = params["features"]
+    n_shards = shard_count(args.shard, features["shards"])
+    if features["num_threads"] > 0:
+        torch.set_num_threads(features["num_threads"])
+    seed_everything(params["seed"])  # random-weight backbones: the same weights in every shard
+    annotations = load_annotations(args.annotations)
+    images = shard_images(annotations["images"], args.shard, n_shards)
+    backbone = build_backbone(features)
+    log.info("shard %d of %d: %d of %d images, backbone %s", args.shard, n_shards, len(images),
+             len(annotations["images"]), backbone.name)
+    attrs = {"dataset": str(annotations.get("dataset", "")), "shard": args.shard, "n_shards": n_shards}
+    extract_features(images, args.image_root, backbone, args.out, features["batch_size"], attrs=attrs,
+                     source=str(args.annotations))

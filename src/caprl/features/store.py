@@ -1,0 +1,231 @@
+"""The features HDF5 file: writer (the layout is documented in :func:`open_writer`) and reader."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import h5py
+import numpy as np
+import torch
+
+from caprl.errors import CaprlError
+from caprl.io import atomic_path
+
+DATASETS = ("image_ids", "pooled", "regions")
+REQUIRED_ATTRS = ("backbone", "grid", "dim", "n_regions")
+CHUNK_BYTES = 1 << 20  # target size of one HDF5 chunk of the regions dataset
+
+
+class FeatureWriter:
+    """Fills the datasets of an open file row by row, in the order the rows arrive."""
+
+    def __init__(self, h5: h5py.File, n_rows: int, dim: int, n_regions: int) -> None:
+        self.n_rows, self.dim, self.n_regions = n_rows, dim, n_regions
+        self.rows_written = 0
+        row_bytes = 4 * max(1, n_regions * dim)
+        rows_per_chunk = max(1, min(n_rows, CHUNK_BYTES // row_bytes))
+        rows_per_chunk = -(-n_rows // -(-n_rows // rows_per_chunk)) if n_rows else 1  # equal chunks, no padding
+        chunked = n_rows > 0
+        self._ids = h5.create_dataset("image_ids", shape=(n_rows,), dtype="int64", track_times=False)
+        self._pooled = h5.create_dataset(
+            "pooled", shape=(n_rows, dim), dtype="float32", track_times=False,
+            chunks=(rows_per_chunk, dim) if chunked else None,
+        )
+        self._regions = h5.create_dataset(
+            "regions", shape=(n_rows, n_regions, dim), dtype="float32", track_times=False,
+            chunks=(rows_per_chunk, n_regions, dim) if chunked else None,
+        )
+
+    def write(self, image_ids: Sequence[int] | np.ndarray, pooled: Any, regions: Any) -> None:
+        """Append ``len(image_ids)`` rows (arrays or tensors of shape [b, D] and [b, R, D])."""
+        ids = np.asarray(image_ids, dtype=np.int64)
+        pooled_np = np.asarray(pooled, dtype=np.float32)
+        regions_np = np.asarray(regions, dtype=np.float32)
+        b = len(ids)
+        if pooled_np.shape != (b, self.dim) or regions_np.shape != (b, self.n_regions, self.dim):
+            raise ValueError(
+                f"expected pooled {(b, self.dim)} and regions {(b, self.n_regions, self.dim)}, "
+                f"got {pooled_np.shape} and {regions_np.shape}"
+            )
+        start, stop = self.rows_written, self.rows_written + b
+        if stop > self.n_rows:
+            raise ValueError(f"writing rows {start}:{stop} of a file sized for {self.n_rows}")
+        self._ids[start:stop] = ids
+        self._pooled[start:stop] = pooled_np
+        self._regions[start:stop] = regions_np
+        self.rows_written = stop
+
+
+@contextlib.contextmanager
+def open_writer(
+    path: str | os.PathLike[str], n_rows: int, dim: int, n_regions: int, attrs: Mapping[str, Any]
+) -> Iterator[FeatureWriter]:
+    """Write a features file atomically: the file appears at ``path`` only if every row was written.
+
+    Layout (shard files and the merged file alike)::
+
+        image_ids  int64   [N]         annotation image id of each row
+        pooled     float32 [N, D]      one vector per image
+        regions    float32 [N, R, D]   R = grid*grid region vectors, row-major over the grid
+        attrs:
+          backbone         str   registry name (patches, resnet101, resnet152)
+          grid             int   regions form a grid x grid map
+          dim              int   D
+          n_regions        int   R
+          backbone_config  str   JSON of the settings that change the features
+          dataset          str   dataset name from the annotations (optional)
+          shard, n_shards  int   shard files only: this is shard ``shard`` of ``n_shards``
+
+    The merged file has its rows sorted by ``image_ids`` ascending; a shard file lists its
+    images in the order they were extracted (also ascending, see caprl.features.extract).
+    Chunks hold whole rows (about 1 MiB each), so reading a batch of images is cheap.
+    """
+    missing = [a for a in REQUIRED_ATTRS if a not in attrs]
+    if missing:
+        raise ValueError(f"features attrs lack {missing}")
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            for key, value in attrs.items():
+                h5.attrs[key] = value
+            writer = FeatureWriter(h5, n_rows, dim, n_regions)
+            yield writer
+            if writer.rows_written != n_rows:
+                raise RuntimeError(f"{path}: wrote {writer.rows_written} of {n_rows} rows")
+
+
+def write_features(
+    path: str | os.PathLike[str], image_ids: Sequence[int] | np.ndarray, pooled: Any, regions: Any,
+    attrs: Mapping[str, Any],
+) -> None:
+    """Write in-memory arrays as one features file (layout: :func:`open_writer`)."""
+    regions_np = np.asarray(regions, dtype=np.float32)
+    _, n_regions, dim = regions_np.shape
+    with open_writer(path, len(image_ids), dim, n_regions, attrs) as writer:
+        writer.write(image_ids, pooled, regions_np)
+
+
+def check_file(h5: h5py.File, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Validate the layout of an open features file; return its attrs as plain Python values."""
+    hint = "re-create it with caprl features / caprl merge-features"
+    for name in DATASETS:
+        if name not in h5:
+            raise CaprlError(f"{path}: not a caprl features file (no dataset '{name}'); {hint}")
+    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in h5.attrs.items()}
+    missing = [a for a in REQUIRED_ATTRS if a not in attrs]
+    if missing:
+        raise CaprlError(f"{path}: features file lacks attribute(s) {', '.join(missing)}; {hint}")
+    n = h5["image_ids"].shape[0]
+    want = {"pooled": (n, attrs["dim"]), "regions": (n, attrs["n_regions"], attrs["dim"])}
+    for name, shape in want.items():
+        if tuple(h5[name].shape) != shape:
+            raise CaprlError(f"{path}: dataset '{name}' has shape {h5[name].shape}, expected {shape}; {hint}")
+    return attrs
+
+
+def open_features_file(path: str | os.PathLike[str]) -> h5py.File:
+    """Open a features file for reading, with a CaprlError naming it when it is missing or unreadable."""
+    p = Path(path)
+    if not p.exists():
+        raise CaprlError(f"features file not found: {p}; run caprl features / caprl merge-features first")
+    try:
+        return h5py.File(p, "r")
+    except OSError as exc:
+        raise CaprlError(f"{p}: not a readable HDF5 file ({exc}); delete it and re-create it") from exc
+
+
+class Features:
+    """Read a features file: image id -> (pooled, regions) tensors.
+
+    ``in_memory=True`` reads both datasets once (fine for the synthetic data and for pooled
+    vectors); ``in_memory=False`` keeps the file open and reads only the rows asked for (the
+    handle is reopened after pickling, e.g. in DataLoader workers)::
+
+        with Features("data/synthetic/features/patches.h5") as feats:
+            pooled, regions = feats.get([9, 3, 7])   # [3, D], [3, R, D]
+    """
+
+    def __init__(self, path: str | os.PathLike[str], in_memory: bool = True) -> None:
+        self.path = Path(path)
+        self.in_memory = in_memory
+        self._h5: h5py.File | None = open_features_file(self.path)
+        self.attrs = check_file(self._h5, self.path)
+        self.image_ids: np.ndarray = self._h5["image_ids"][:]
+        self._row = {int(i): r for r, i in enumerate(self.image_ids)}
+        if len(self._row) != len(self.image_ids):
+            raise CaprlError(f"{self.path}: duplicate image ids; re-create it with caprl merge-features")
+        self._pooled: np.ndarray | None = None
+        self._regions: np.ndarray | None = None
+        if in_memory:
+            self._pooled = self._h5["pooled"][:]
+            self._regions = self._h5["regions"][:]
+            self.close()
+
+    @property
+    def backbone(self) -> str:
+        return str(self.attrs["backbone"])
+
+    @property
+    def grid(self) -> int:
+        return int(self.attrs["grid"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.attrs["dim"])
+
+    @property
+    def n_regions(self) -> int:
+        return int(self.attrs["n_regions"])
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def __contains__(self, image_id: object) -> bool:
+        return image_id in self._row
+
+    def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Row numbers of ``image_ids``; a CaprlError names the first id not in the file."""
+        try:
+            return np.fromiter((self._row[int(i)] for i in image_ids), dtype=np.int64, count=len(image_ids))
+        except KeyError as exc:
+            raise CaprlError(
+                f"{self.path}: no features for image id {exc.args[0]}; the features were extracted from "
+                "other annotations: re-run caprl features and caprl merge-features"
+            ) from None
+
+    def get(self, image_ids: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pooled [B, D], regions [B, R, D])`` float32 tensors, in the order of ``image_ids``."""
+        rows = self.rows(image_ids)
+        if self._pooled is not None and self._regions is not None:
+            pooled, regions = self._pooled[rows], self._regions[rows]
+        else:
+            h5 = self._file()
+            uniq, inverse = np.unique(rows, return_inverse=True)  # h5py wants increasing indices
+            pooled = h5["pooled"][uniq][inverse] if len(uniq) else np.zeros((0, self.dim), np.float32)
+            regions = (h5["regions"][uniq][inverse] if len(uniq)
+                       else np.zeros((0, self.n_regions, self.dim), np.float32))
+        return torch.from_numpy(np.ascontiguousarray(pooled)), torch.from_numpy(np.ascontiguousarray(regions))
+
+    def _file(self) -> h5py.File:
+        if self._h5 is None:
+            self._h5 = open_features_file(self.path)
+        return self._h5
+
+    def close(self) -> None:
+        """Close the file handle (in-memory readers close it right after loading)."""
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
+
+    def __enter__(self) -> "Features":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_h5"] = None
+        return state

@@ -1,0 +1,93 @@
+"""Training methods (objectives), by name.
+
+An objective turns a batch into a loss. It gets what it needs from an ``ObjectiveEnv``
+(vocabulary, rewards by name, decoding settings) and knows nothing of the trainer, so a
+new method is one class here plus one entry under ``objectives:`` in params.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, TypeVar
+
+import numpy as np
+import torch
+
+from caprl.errors import CaprlError
+from caprl.models.base import CaptionModel
+
+
+@dataclass
+class Batch:
+    """One training batch: ``image_ids [B]``, features, and gold captions.
+
+    ``labels [M, T]`` holds every gold caption of the batch's images; ``label_image [M]``
+    is the row (0..B-1) of the image each caption belongs to.
+    """
+
+    image_ids: list[int]
+    pooled: torch.Tensor
+    regions: torch.Tensor
+    labels: torch.Tensor
+    label_image: torch.Tensor
+
+
+class RewardFn(Protocol):
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray: ...
+
+
+@dataclass
+class ObjectiveEnv:
+    """What an objective may use besides the model and the batch."""
+
+    decode_words: Callable[[torch.Tensor], list[list[str]]]  # [N, T] token ids -> words
+    reward: Callable[[str], RewardFn]  # reward by registry name, built once and cached
+    max_length: int
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Objective:
+    """Subclasses implement ``loss``; ``options`` is the params.yaml entry of the objective."""
+
+    #: objective options this method reads (besides lr, epochs); others are an error
+    option_names: tuple[str, ...] = ()
+
+    def __init__(self, options: dict[str, Any], env: ObjectiveEnv) -> None:
+        unused = sorted(set(options) - set(self.option_names) - {"lr", "epochs"})
+        if unused:
+            raise CaprlError(
+                f"objectives.{self.name}: key(s) {', '.join(unused)} not used by this objective; "
+                f"it reads {', '.join(('lr', 'epochs') + self.option_names)}"
+            )
+        self.options = options
+        self.env = env
+
+    name: str = ""
+
+    def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+
+O = TypeVar("O", bound=type[Objective])
+OBJECTIVES: dict[str, type[Objective]] = {}
+
+
+def register_objective(name: str) -> Callable[[O], O]:
+    def decorator(cls: O) -> O:
+        if name in OBJECTIVES:
+            raise ValueError(f"objective '{name}' registered twice")
+        cls.name = name
+        OBJECTIVES[name] = cls
+        return cls
+
+    return decorator
+
+
+def build_objective(name: str, options: dict[str, Any], env: ObjectiveEnv) -> Objective:
+    if name not in OBJECTIVES:
+        raise CaprlError(f"unknown objective '{name}'; registered: {', '.join(sorted(OBJECTIVES))}")
+    return OBJECTIVES[name](options, env)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)

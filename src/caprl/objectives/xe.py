@@ -1,0 +1,33 @@
+"""Cross-entropy with teacher forcing; for multi-stage models the sum of the stages' losses (Stack-Cap eq. 10)."""
+
+from __future__ import annotations
+
+import torch
+
+from caprl.models.base import CaptionModel
+from caprl.objectives.base import Batch, Objective, masked_mean, register_objective
+
+
+def token_mask(labels: torch.Tensor) -> torch.Tensor:
+    """``[M, T+1]``: the caption's words plus its end token."""
+    lengths = (labels > 0).sum(dim=1)
+    positions = torch.arange(labels.shape[1] + 1, device=labels.device)
+    return (positions.unsqueeze(0) <= lengths.unsqueeze(1)).float()
+
+
+def gold_targets(labels: torch.Tensor) -> torch.Tensor:
+    return torch.cat([labels, labels.new_zeros(labels.shape[0], 1)], dim=1)
+
+
+@register_objective("xe")
+class CrossEntropy(Objective):
+    def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        ctx = model.encode(batch.pooled.index_select(0, batch.label_image), batch.regions.index_select(0, batch.label_image))
+        logprobs = model.teacher_forcing(ctx, batch.labels)  # [M, S, T+1, V]
+        targets = gold_targets(batch.labels)
+        mask = token_mask(batch.labels)
+        nll = -logprobs.gather(-1, targets[:, None, :, None].expand(-1, logprobs.shape[1], -1, 1)).squeeze(-1)
+        per_stage = torch.stack([masked_mean(nll[:, s], mask) for s in range(nll.shape[1])])
+        metrics = {f"xe_stage{s}": float(v) for s, v in enumerate(per_stage.detach())} if len(per_stage) > 1 else {}
+        metrics["xe"] = float(per_stage[-1].detach())
+        return per_stage.sum(), metrics

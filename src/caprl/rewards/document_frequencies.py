@@ -1,0 +1,178 @@
+"""CIDEr-D document frequencies of a reference corpus (``caprl cider-df``).
+
+Each image is one document (as in pycocoevalcap's ``CiderScorer.compute_doc_freq``): the
+document frequency of an n-gram (orders 1-4) is the number of images whose reference
+captions contain it at least once. CIDEr-D's ``ref_len`` is ``log(num_documents)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from caprl.errors import CaprlError
+from caprl.io import atomic_path, read_json
+from caprl.rewards.ngrams import MAX_ORDER, encode
+
+log = logging.getLogger(__name__)
+
+FORMAT = "caprl-cider-df-v1"
+References = Mapping[int, Sequence[Sequence[str]]]
+
+
+@dataclass
+class DocumentFrequencies:
+    """Document frequencies of n-grams of orders 1..len(ngrams).
+
+    ``ngrams[k-1]`` is an int32 matrix (m_k, k) of indices into ``words``; ``counts[k-1]``
+    the number of documents containing each of those n-grams; ``num_documents`` the number
+    of documents (images) of the corpus.
+    """
+
+    words: list[str]
+    ngrams: list[np.ndarray]
+    counts: list[np.ndarray]
+    num_documents: int
+
+    def to_dict(self) -> dict[tuple[str, ...], int]:
+        """``{ngram tuple: count}``, the shape pycocoevalcap's ``document_frequency`` has."""
+        out: dict[tuple[str, ...], int] = {}
+        for rows, counts in zip(self.ngrams, self.counts):
+            for row, count in zip(rows.tolist(), counts.tolist()):
+                out[tuple(self.words[i] for i in row)] = int(count)
+        return out
+
+
+def compute_document_frequencies(references: References, max_order: int = MAX_ORDER) -> DocumentFrequencies:
+    """Document frequencies over ``references`` (image id -> tokenised reference captions)."""
+    words = sorted({w for refs in references.values() for ref in refs for w in ref})
+    index = {w: i for i, w in enumerate(words)}
+    sentences = [list(ref) for refs in references.values() for ref in refs]
+    doc_of_sentence = np.repeat(
+        np.arange(len(references), dtype=np.int64), [len(refs) for refs in references.values()]
+    )
+    flat, lengths, _ = encode(sentences, index)
+    ends = np.cumsum(lengths)
+    sent_of_word = np.repeat(np.arange(len(sentences), dtype=np.int64), lengths)
+    left = ends[sent_of_word] - np.arange(len(flat))  # words left in the sentence
+    n_docs = max(len(references), 1)
+    pos = np.arange(len(flat), dtype=np.int64)
+    ids = flat
+    ngrams, counts = [], []
+    for k in range(1, max_order + 1):
+        if k > 1:  # id of an order-k n-gram = rank of (id of its prefix, last word)
+            keep = left[pos] >= k
+            pos = pos[keep]
+            ids = ids[keep] * max(len(words), 1) + flat[pos + k - 1]
+        uniq, first, ids = np.unique(ids, return_index=True, return_inverse=True)
+        ids = ids.reshape(-1).astype(np.int64)
+        pairs = np.unique(ids * n_docs + doc_of_sentence[sent_of_word[pos]])
+        ngrams.append(flat[pos[first][:, None] + np.arange(k)].astype(np.int32))
+        counts.append(np.bincount(pairs // n_docs, minlength=len(uniq)).astype(np.int32))
+    return DocumentFrequencies(words, ngrams, counts, len(references))
+
+
+def save_document_frequencies(df: DocumentFrequencies, path: str | os.PathLike[str]) -> None:
+    """Write ``df`` atomically as a compressed ``.npz`` (no pickles).
+
+    Layout: ``format`` = "caprl-cider-df-v1"; ``words`` (unicode array, the word list);
+    ``num_documents`` (int64 scalar); for k = 1..4 ``ngrams_k`` (int32, shape (m_k, k): word
+    indices of each n-gram of order k) and ``counts_k`` (int32, shape (m_k,): the number of
+    images whose references contain that n-gram).
+    """
+    arrays: dict[str, Any] = {
+        "format": np.array(FORMAT),
+        "words": np.array(df.words, dtype=str),
+        "num_documents": np.array(df.num_documents, dtype=np.int64),
+    }
+    for k, (rows, counts) in enumerate(zip(df.ngrams, df.counts), start=1):
+        arrays[f"ngrams_{k}"] = rows
+        arrays[f"counts_{k}"] = counts
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+
+
+def load_document_frequencies(path: str | os.PathLike[str]) -> DocumentFrequencies:
+    """Read a file written by :func:`save_document_frequencies`; CaprlError if it is not one."""
+    p = Path(path)
+    if not p.exists():
+        raise CaprlError(f"document frequencies file not found: {p} (run `caprl cider-df`)")
+    try:
+        with np.load(p, allow_pickle=False) as data:
+            if "format" not in data or str(data["format"]) != FORMAT:
+                raise CaprlError(f"{p}: not a caprl document-frequencies file (expected format {FORMAT})")
+            words = [str(w) for w in data["words"].tolist()]
+            ngrams, counts = [], []
+            k = 1
+            while f"ngrams_{k}" in data:
+                rows, cnt = data[f"ngrams_{k}"], data[f"counts_{k}"]
+                if rows.ndim != 2 or rows.shape[1] != k or cnt.shape != (rows.shape[0],):
+                    raise CaprlError(f"{p}: arrays ngrams_{k}/counts_{k} have inconsistent shapes")
+                if rows.size and (rows.min() < 0 or rows.max() >= len(words)):
+                    raise CaprlError(f"{p}: ngrams_{k} holds word indices outside the word list")
+                ngrams.append(rows.astype(np.int32))
+                counts.append(cnt.astype(np.int32))
+                k += 1
+            num_documents = int(data["num_documents"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise CaprlError(f"{p}: cannot read document frequencies: {exc}") from exc
+    if not ngrams or num_documents < 1:
+        raise CaprlError(f"{p}: document frequencies are empty")
+    return DocumentFrequencies(words, ngrams, counts, num_documents)
+
+
+def references_from_annotations(annotations: dict[str, Any], split: str) -> dict[int, list[list[str]]]:
+    """Tokenised reference captions of one split of a normalised annotations dict.
+
+    The normalised format (written by ``caprl prepare``) is ``{"dataset": str, "images":
+    [{"id": int, "file": str, "split": "train"|"val"|"test", "captions": [[tok, ...], ...],
+    "raw": [str, ...]}, ...]}``. Returns ``{image id: captions}`` in file order.
+    """
+    images = annotations.get("images") if isinstance(annotations, dict) else None
+    if not isinstance(images, list):
+        raise CaprlError("annotations: expected an object with an 'images' list")
+    refs: dict[int, list[list[str]]] = {}
+    for i, image in enumerate(images):
+        if not isinstance(image, dict) or "id" not in image or "split" not in image or "captions" not in image:
+            raise CaprlError(f"annotations: images[{i}] lacks one of the keys 'id', 'split', 'captions'")
+        if image["split"] != split:
+            continue
+        caps = image["captions"]
+        if not isinstance(caps, list) or not all(
+            isinstance(c, list) and all(isinstance(t, str) for t in c) for c in caps
+        ):
+            raise CaprlError(f"annotations: images[{i}] (id {image['id']}): 'captions' must be lists of tokens")
+        if not caps:
+            raise CaprlError(f"annotations: images[{i}] (id {image['id']}) has no reference captions")
+        if image["id"] in refs:
+            raise CaprlError(f"annotations: image id {image['id']} appears twice")
+        refs[int(image["id"])] = [list(c) for c in caps]
+    return refs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--annotations", required=True, help="normalised annotations JSON (from `caprl prepare`)")
+    parser.add_argument("--split", default="train", help="split whose references make the corpus (default: train)")
+    parser.add_argument("--out", required=True, help="output .npz file")
+
+
+def main(args: argparse.Namespace) -> None:
+    annotations = read_json(args.annotations, "annotations file")
+    try:
+        refs = references_from_annotations(annotations, args.split)
+    except CaprlError as exc:
+        raise CaprlError(f"{args.annotations}: {exc}") from exc
+    if not refs:
+        raise CaprlError(f"{args.annotations}: no images in split '{args.split}'")
+    df = compute_document_frequencies(refs)
+    save_document_frequencies(df, args.out)
+    sizes = ", ".join(f"{len(c)} {k + 1}-grams" for k, c in enumerate(df.counts))
+    log.info("document frequencies of %d images (%s) -> %s", df.num_documents, sizes, args.out)

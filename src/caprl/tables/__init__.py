@@ -1,0 +1,1 @@
+"""Result tables, by name: importing this package registers every table."""

@@ -1,0 +1,1 @@
+"""Training: one entry point for every model and objective."""

@@ -1,0 +1,74 @@
+"""What the trainer and the evaluator read: labels, vocabulary, features, references.
+
+A thin adapter over the data, features and rewards packages, so the training loop sees one
+object with batch-level methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from caprl.data.prepare import load_annotations
+from caprl.data.vocab import Labels, Vocab
+from caprl.features.store import Features
+from caprl.objectives.base import Batch
+
+
+@dataclass
+class DataPaths:
+    annotations: str
+    vocab: str
+    labels: str
+    features: str
+
+
+class CaptionData:
+    def __init__(self, paths: DataPaths) -> None:
+        self.paths = paths
+        self.vocab = Vocab.load(paths.vocab)
+        self.labels = Labels(paths.labels)
+        self.features = Features(paths.features)
+        self.annotations: dict[str, Any] = load_annotations(paths.annotations)
+
+    @property
+    def feat_dim(self) -> int:
+        return int(self.features.dim)
+
+    @property
+    def n_regions(self) -> int:
+        return int(self.features.n_regions)
+
+    def split_ids(self, split: str) -> list[int]:
+        return [int(i) for i in self.labels.image_ids(split)]
+
+    def references(self, split: str) -> dict[int, list[list[str]]]:
+        """Tokenised references (unclipped, no UNK) for rewards."""
+        return {int(img["id"]): [list(c) for c in img["captions"]] for img in self.annotations["images"] if img["split"] == split}
+
+    def raw_references(self, split: str) -> dict[int, list[str]]:
+        return {int(img["id"]): list(img["raw"]) for img in self.annotations["images"] if img["split"] == split}
+
+    def features_of(self, image_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, regions = self.features.get(image_ids)
+        return torch.as_tensor(pooled, dtype=torch.float32), torch.as_tensor(regions, dtype=torch.float32)
+
+    def batch(self, image_ids: list[int]) -> Batch:
+        pooled, regions = self.features_of(image_ids)
+        rows, owner = [], []
+        for k, image_id in enumerate(image_ids):
+            caps = self.labels.captions(image_id)
+            rows.append(torch.as_tensor(caps, dtype=torch.long))
+            owner.extend([k] * len(caps))
+        return Batch(
+            image_ids=list(image_ids),
+            pooled=pooled,
+            regions=regions,
+            labels=torch.cat(rows, dim=0),
+            label_image=torch.as_tensor(owner, dtype=torch.long),
+        )
+
+    def decode(self, tokens: torch.Tensor) -> list[list[str]]:
+        return [self.vocab.decode(row.tolist()) for row in tokens]

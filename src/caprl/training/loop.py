@@ -1,0 +1,194 @@
+"""The training loop shared by every objective: batches, optimiser, validation, checkpoints.
+
+Resumable: the state file (``last.pt``) holds model, optimiser, RNG state and the
+position in the data (epoch, batch), written every ``train.checkpoint_every`` steps, at
+every epoch end and on SIGTERM/SIGUSR1. The order of batches is a pure function of
+(seed, epoch), so a resumed run sees exactly the batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from caprl import decoding
+from caprl.models import CaptionModel
+from caprl.objectives import Objective
+from caprl.training import checkpoint
+from caprl.training.data import CaptionData
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(SystemExit):
+    """Raised after the state was saved because SLURM (or a user) asked the job to stop."""
+
+
+@dataclass
+class LoopConfig:
+    epochs: int
+    lr: float
+    batch_size: int
+    grad_clip: float
+    checkpoint_every: int
+    log_every: int
+    max_length: int
+    seed: int
+
+
+@dataclass
+class Position:
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    best_score: float = float("-inf")
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class StopFlag:
+    """Turns SIGTERM/SIGUSR1 into a flag the loop checks between steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        log.warning("received signal %d: saving the state and stopping after this step", signum)
+        self.signum = signum
+
+
+def epoch_order(image_ids: list[int], seed: int, epoch: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return [image_ids[i] for i in torch.randperm(len(image_ids), generator=gen).tolist()]
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: CaptionModel,
+        objective: Objective,
+        data: CaptionData,
+        config: LoopConfig,
+        validate: Callable[[CaptionModel], dict[str, float]],
+        state_dir: Path,
+        model_meta: dict[str, Any],
+        tracker: Any,
+    ) -> None:
+        self.model, self.objective, self.data, self.config = model, objective, data, config
+        self.validate = validate
+        self.state_dir = Path(state_dir)
+        self.meta = model_meta
+        self.tracker = tracker
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.pos = Position()
+        self.stop = StopFlag()
+
+    # --- state -------------------------------------------------------------------------
+    def _payload(self, with_optimizer: bool) -> dict[str, Any]:
+        payload = dict(self.meta)
+        payload["model_state"] = self.model.state_dict()
+        payload.update(epoch=self.pos.epoch, batch=self.pos.batch, step=self.pos.step,
+                       best_score=self.pos.best_score, history=self.pos.history)
+        if with_optimizer:
+            payload["optimizer_state"] = self.optimizer.state_dict()
+            payload["rng_torch"] = torch.get_rng_state()
+            payload["mlflow_run_id"] = getattr(self.tracker, "run_id", None) or ""
+        return payload
+
+    def save_state(self) -> None:
+        checkpoint.save(self.state_dir / "last.pt", self._payload(with_optimizer=True))
+
+    def resume(self) -> bool:
+        """Load ``last.pt`` if this run left one; True if it did."""
+        path = self.state_dir / "last.pt"
+        if not path.exists():
+            return False
+        state = checkpoint.load(path, vocab_sha256=self.meta["vocab_sha256"])
+        if state.get("config_hash") != self.meta["config_hash"]:
+            log.warning("%s was written with other parameters: starting this run afresh", path)
+            return False
+        self.model.load_state_dict(state["model_state"])
+        self.optimizer.load_state_dict(state["optimizer_state"])
+        torch.set_rng_state(state["rng_torch"])
+        self.pos = Position(state["epoch"], state["batch"], state["step"], state["best_score"], list(state["history"]))
+        log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.pos.epoch, self.pos.batch, self.pos.step)
+        return True
+
+    # --- loop --------------------------------------------------------------------------
+    def fit(self, train_ids: list[int]) -> Position:
+        self.stop.install()
+        cfg = self.config
+        n_batches = (len(train_ids) + cfg.batch_size - 1) // cfg.batch_size
+        while self.pos.epoch < cfg.epochs:
+            order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
+            started, losses = time.time(), []
+            bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
+                       leave=False, mininterval=2.0)
+            while self.pos.batch < n_batches:
+                ids = order[self.pos.batch * cfg.batch_size : (self.pos.batch + 1) * cfg.batch_size]
+                metrics = self._step(ids)
+                losses.append(metrics["loss"])
+                self.pos.batch += 1
+                self.pos.step += 1
+                bar.update(1)
+                if self.pos.step % cfg.log_every == 0:
+                    self.tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=self.pos.step)
+                if self.stop.signum is not None:
+                    self.save_state()
+                    raise Preempted(128 + self.stop.signum)
+                if self.pos.step % cfg.checkpoint_every == 0:
+                    self.save_state()
+            bar.close()
+            self._end_epoch(float(np.mean(losses)) if losses else float("nan"), time.time() - started)
+        return self.pos
+
+    def _step(self, image_ids: list[int]) -> dict[str, float]:
+        self.model.train()
+        batch = self.data.batch(image_ids)
+        loss, metrics = self.objective.loss(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        return {"loss": float(loss.detach()), **metrics}
+
+    def _end_epoch(self, train_loss: float, seconds: float) -> None:
+        val = self.validate(self.model)
+        score = val["CIDEr-D"]
+        record = {"epoch": self.pos.epoch + 1, "step": self.pos.step, "train_loss": train_loss,
+                  "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
+        self.pos.history.append(record)
+        self.tracker.log_metrics({"val/CIDEr-D": score, "train/epoch_loss": train_loss}, step=self.pos.step)
+        log.info("epoch %d: train loss %.4f, val CIDEr-D %.4f (%.1fs)", self.pos.epoch + 1, train_loss, score, seconds)
+        if score > self.pos.best_score:
+            self.pos.best_score = score
+            checkpoint.save(self.state_dir / "best.pt", self._payload(with_optimizer=False))
+        self.pos.epoch += 1
+        self.pos.batch = 0
+        self.save_state()
+
+
+def greedy_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], max_length: int,
+                    batch_size: int = 100) -> dict[int, list[str]]:
+    """Greedy caption (last stage) of every image, as word lists."""
+    model.eval()
+    out: dict[int, list[str]] = {}
+    with torch.no_grad():
+        for i in range(0, len(image_ids), batch_size):
+            ids = image_ids[i : i + batch_size]
+            ctx = model.encode(*data.features_of(ids))
+            tokens = decoding.sample(model, ctx, max_length, greedy=True).last_stage()
+            out.update(zip(ids, data.decode(tokens)))
+    return out

@@ -1,0 +1,57 @@
+"""Shared fixtures: the repository root, tiny params files, the shared reference data."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+SCHEMA = REPO / "workflow" / "schemas" / "params.schema.yaml"
+
+os.environ.setdefault("CAPRL_PARAMS_SCHEMA", str(SCHEMA))
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+TINY: dict[str, Any] = {
+    "synthetic": {"n_train": 80, "n_val": 16, "n_test": 16, "image_size": 32, "max_objects": 2},
+    "vocab": {"min_count": 2},
+    "features": {"batch_size": 16},
+    "models": {"fc": {"embed_size": 16, "hidden_size": 24}, "topdown": {"embed_size": 16, "hidden_size": 24,
+                                                                        "att_hidden_size": 16}},
+    "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}},
+    "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
+    "decode": {"beam_size": 2},
+    "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3},
+}
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def default_params() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+@pytest.fixture
+def tiny_params() -> dict[str, Any]:
+    """The repository's params.yaml shrunk to run every stage in seconds."""
+    return merge(default_params(), TINY)
+
+
+@pytest.fixture
+def write_params(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
+    def write(params: dict[str, Any], name: str = "params.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+        return path
+
+    return write
