@@ -166,8 +166,20 @@ def test_load_annotations_validates(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CaprlError, match=r"images\[0\]\.captions must be"):
         prepare.load_annotations(tmp_path / "bad.json")
+    bad = json.loads(json.dumps(out))
+    bad["images"][2]["id"] = bad["images"][0]["id"]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(CaprlError, match=r"images\[2\] repeats id 184613 of images\[0\]"):
+        prepare.load_annotations(tmp_path / "bad.json")
     with pytest.raises(CaprlError, match="caprl prepare"):
         prepare.load_annotations(tmp_path / "missing.json")
+
+
+def test_nothing_left_is_an_error() -> None:
+    data = coco_like()
+    data["images"] = data["images"][3:]  # only the image whose captions are all empty
+    with pytest.raises(CaprlError, match="no image with a non-empty caption"):
+        annotate(data)
 
 
 def _main_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:

@@ -154,7 +154,8 @@ def test_failed_generation_leaves_no_output(tmp_path: Path) -> None:
 
 def test_main_refuses_json_inside_image_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CAPRL_PARAMS_SCHEMA", str(SCHEMA))
-    args = argparse.Namespace(params=REPO / "params.yaml", out_json=tmp_path / "im" / "d.json", image_dir=tmp_path / "im")
+    image_dir = tmp_path / "im"
+    args = argparse.Namespace(params=REPO / "params.yaml", out_json=image_dir / "d.json", image_dir=image_dir)
     with pytest.raises(CaprlError, match="inside --image-dir"):
         synthetic.main(args)
 
@@ -164,8 +165,9 @@ def test_cli_synthesize_subprocess(tmp_path: Path) -> None:
     params["synthetic"].update({"n_train": 10, "n_val": 2, "n_test": 2, "image_size": 48})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "CAPRL_PARAMS_SCHEMA": str(SCHEMA)}
+    raw = tmp_path / "raw"
     cmd = [sys.executable, "-m", "caprl", "synthesize", "--params", str(tmp_path / "params.yaml"),
-           "--out-json", str(tmp_path / "raw" / "dataset_synthetic.json"), "--image-dir", str(tmp_path / "raw" / "images")]
+           "--out-json", str(raw / "dataset_synthetic.json"), "--image-dir", str(raw / "images")]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "raw" / "dataset_synthetic.json").read_text())

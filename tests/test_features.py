@@ -19,7 +19,7 @@ from caprl.errors import CaprlError
 from caprl.features import Features
 from caprl.features.backbones import BACKBONES, PatchesBackbone, build_backbone
 from caprl.features.extract import extract_features, load_annotations, shard_count, shard_images
-from caprl.features.merge import merge_shards
+from caprl.features.merge import merge_shards, shards_in
 from caprl.features.store import write_features
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def make_dataset(root: Path, n: int = 11, size: int = 64) -> Path:
         array[y:y + size // 3, x:x + size // 3] = rng.integers(0, 256, 3)
         Image.fromarray(array).save(root / "images" / "sub" / f"im{k}.png")
         images.append({"id": 1000 - 7 * k, "file": f"sub/im{k}.png", "split": "train",
-                       "captions": ["a square"], "raw": ["A square."]})
+                       "captions": [["a", "square"]], "raw": ["A square."]})
     ann = root / "annotations.json"
     ann.write_text(json.dumps({"dataset": "toy", "images": images}), encoding="utf-8")
     return ann
@@ -69,8 +69,11 @@ def test_patches_red_left_half_shows_in_left_regions() -> None:
     red = torch.tensor([1.0, -1.0, -1.0]).view(3, 1)
     assert torch.allclose(cells[:, :2], red.expand(3, 16).expand(4, 2, 3, 16), atol=1e-6)  # left columns red
     assert torch.allclose(cells[:, 2:], torch.ones(4, 2, 3, 16), atol=1e-6)  # right columns white
-    assert torch.allclose(pooled, regions.mean(dim=1))
-    assert pooled[0, :16].mean() == pytest.approx(1.0) and pooled[0, 16:].mean() == pytest.approx(0.0)
+    # pooled: a 4x4 thumbnail of the whole image, each pixel the mean of one cell (layout kept)
+    thumb = pooled[0].view(3, 4, 4)
+    assert torch.allclose(thumb[:, :, :2], red.view(3, 1, 1).expand(3, 4, 2), atol=1e-6)
+    assert torch.allclose(thumb[:, :, 2:], torch.ones(3, 4, 2), atol=1e-6)
+    assert torch.allclose(thumb.mean(dim=(1, 2)), regions[0].view(16, 3, 16).mean(dim=(0, 2)), atol=1e-6)
 
 
 def test_patches_regions_are_row_major_and_resize_any_image() -> None:
@@ -140,6 +143,7 @@ def test_extraction_is_deterministic(tmp_path: Path) -> None:
     a, b = read(tmp_path / "a.h5"), read(tmp_path / "b.h5")
     for key in ("image_ids", "pooled", "regions"):
         assert np.array_equal(a[key], b[key])
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()  # no timestamps: DVC-friendly
 
 
 def test_shard_ids_must_match_params() -> None:
@@ -173,7 +177,18 @@ def test_merge_rejects_duplicates_missing_and_mixed_shards(tmp_path: Path) -> No
     write_features(tmp_path / "s0.h5", [1], z[:1], z[:1, None], attrs | {"shard": 0, "n_shards": 2})
     with pytest.raises(CaprlError, match=r"shard\(s\) \[1\] of 2 missing"):
         merge_shards([tmp_path / "s0.h5"], out)
+    write_features(tmp_path / "old.h5", [2], z[:1], z[:1, None], attrs | {"shard": 2, "n_shards": 3})
+    with pytest.raises(CaprlError, match=r"cut \[2, 3\] ways.*delete stale"):
+        merge_shards([tmp_path / "s0.h5", tmp_path / "old.h5"], out)
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_shard_dir_lists_h5_files_only(tmp_path: Path) -> None:
+    for name in ("shard1.h5", "shard0.h5", ".shard2.h5.x.tmp", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in shards_in(tmp_path)] == ["shard0.h5", "shard1.h5"]
+    with pytest.raises(CaprlError, match="no such folder"):
+        shards_in(tmp_path / "nope")
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -201,11 +216,14 @@ def test_bad_image_names_file_and_leaves_no_output(tmp_path: Path, damage: str) 
 
 def test_malformed_annotations_name_the_entry(tmp_path: Path) -> None:
     path = tmp_path / "ann.json"
-    path.write_text(json.dumps({"images": [{"id": 1, "file": "a.png"}, {"id": 2}]}), encoding="utf-8")
-    with pytest.raises(CaprlError, match=r"ann\.json: images\[1\] \(id 2\): 'file'"):
+    entry = {"split": "train", "captions": [["a"]], "raw": ["A."]}
+    doc = {"dataset": "toy", "images": [{"id": 1, "file": "a.png", **entry}, {"id": 2, **entry}]}
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(CaprlError, match=r"ann\.json: images\[1\] has no key 'file'"):
         load_annotations(path)
-    path.write_text(json.dumps({"images": [{"id": 1, "file": "a.png"}, {"id": 1, "file": "b.png"}]}))
-    with pytest.raises(CaprlError, match="repeats images"):
+    doc["images"][1] = {"id": 1, "file": "b.png", **entry}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CaprlError, match="repeats id 1"):
         load_annotations(path)
 
 
@@ -248,9 +266,9 @@ def test_cli_features_and_merge(tmp_path: Path) -> None:
         done = run_caprl(tmp_path, "features", *common, "--shard", str(shard), "--out", f"feats/shard{shard}.h5")
         assert done.returncode == 0, done.stderr
     done = run_caprl(tmp_path, "merge-features", "--params", "params.yaml", "--annotations", str(ann),
-                     "--shards", "feats/shard0.h5", "feats/shard1.h5", "--out", "feats/all.h5")
+                     "--shard-dir", "feats", "--out", "all.h5")
     assert done.returncode == 0, done.stderr
-    with Features(tmp_path / "feats" / "all.h5") as feats:
+    with Features(tmp_path / "all.h5") as feats:
         ids = [int(im["id"]) for im in load_annotations(ann)["images"]]
         assert list(feats.image_ids) == sorted(ids)
         assert read(tmp_path / "feats" / "shard0.h5")["attrs"]["n_shards"] == 2

@@ -16,12 +16,13 @@ if config["dataset"]["synthetic"]:
 rule prepare:
     input:
         json=RAW_JSON,
+        images=IMAGE_ROOT,
     output:
         ANNOTATIONS,
     log:
         f"logs/{DS}/prepare.log",
     shell:
-        "caprl prepare --params {PARAMS} --log {log} --karpathy-json {input.json} --image-root {IMAGE_ROOT} --out {output}"
+        "caprl prepare --params {PARAMS} --log {log} --karpathy-json {input.json} --image-root {input.images} --out {output}"
 
 
 rule vocab:

@@ -39,7 +39,9 @@ REAL_DATA_HELP = {
         "Get dataset_flickr30k.json from Karpathy's 'caption_datasets' release (caption_datasets.zip) and the "
         "Flickr30k images (flickr30k-images/, the folder dataset.image_root points at)"
     ),
-    "synthetic": "Generate it with `caprl synthesize` (or run the workflow, which does so when dataset.synthetic is true)",
+    "synthetic": (
+        "Generate it with `caprl synthesize` (the workflow does so when dataset.synthetic is true)"
+    ),
 }
 
 
@@ -141,6 +143,8 @@ def prepare_annotations(data: dict[str, Any], dataset: str, source: str = "<karp
             continue
         file = f"{filepath.rstrip('/')}/{filename}" if filepath else filename
         images.append({"id": image_id, "file": file, "split": SPLIT_MAP[split], "captions": captions, "raw": raws})
+    if not images:
+        raise CaprlError(f"{source}: no image with a non-empty caption ({stats['images_read']} images read)")
     images.sort(key=lambda im: im["id"])
     stats["images"] = len(images)
     stats["captions"] = sum(len(im["captions"]) for im in images)
@@ -171,7 +175,12 @@ def load_annotations(path: str | Path) -> dict[str, Any]:
         raise CaprlError(f"annotations file not found: {p} (made by `caprl prepare`)")
     data = io.read_json(p, what="annotations file")
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) or "dataset" not in data:
-        raise CaprlError(f"{p}: not an annotations file (expected 'dataset' and an 'images' list); rerun `caprl prepare`")
+        raise CaprlError(
+            f"{p}: not an annotations file (expected 'dataset' and an 'images' list); rerun `caprl prepare`"
+        )
+    if not data["images"]:
+        raise CaprlError(f"{p}: 'images' is empty; rerun `caprl prepare`")
+    seen: dict[int, int] = {}
     for index, image in enumerate(data["images"]):
         where = f"{p}: images[{index}]"
         if not isinstance(image, dict):
@@ -179,8 +188,14 @@ def load_annotations(path: str | Path) -> dict[str, Any]:
         for key in ("id", "file", "split", "captions", "raw"):
             if key not in image:
                 raise CaprlError(f"{where} has no key '{key}'; rerun `caprl prepare`")
-        if not isinstance(image["id"], int) or image["split"] not in SPLITS:
+        image_id = image["id"]
+        if not isinstance(image_id, int) or isinstance(image_id, bool) or image["split"] not in SPLITS:
             raise CaprlError(f"{where}: id must be an integer and split one of {', '.join(SPLITS)}")
+        if image_id in seen:
+            raise CaprlError(f"{where} repeats id {image_id} of images[{seen[image_id]}]; rerun `caprl prepare`")
+        seen[image_id] = index
+        if not isinstance(image["file"], str) or not image["file"]:
+            raise CaprlError(f"{where}.file must be a non-empty path relative to the image root")
         captions = image["captions"]
         if (
             not isinstance(captions, list)

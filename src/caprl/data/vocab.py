@@ -190,16 +190,16 @@ class Labels:
         except (OSError, KeyError) as exc:
             raise CaprlError(f"{p}: unreadable label file ({exc}); rerun `caprl vocab`") from exc
         self.path = p
-        self.image_ids: np.ndarray = arrays["image_ids"]
-        self.split: np.ndarray = arrays["split"]
+        self.all_image_ids: np.ndarray = arrays["image_ids"]
+        self.split_codes: np.ndarray = arrays["split"]
         self.label_start: np.ndarray = arrays["label_start"]
         self.label_end: np.ndarray = arrays["label_end"]
         self.labels: np.ndarray = arrays["labels"]
         self.label_length: np.ndarray = arrays["label_length"]
-        self._row = {int(image_id): i for i, image_id in enumerate(self.image_ids)}
+        self._row = {int(image_id): i for i, image_id in enumerate(self.all_image_ids)}
 
     def __len__(self) -> int:
-        return len(self.image_ids)
+        return len(self.all_image_ids)
 
     def check_vocab(self, vocab: Vocab) -> None:
         if vocab.sha256 != self.vocab_sha256:
@@ -208,11 +208,13 @@ class Labels:
                 f"given {vocab.sha256[:12]}...); rerun `caprl vocab`"
             )
 
-    def ids(self, split: str) -> np.ndarray:
-        """Image ids of one split, in file order."""
+    def image_ids(self, split: str | None = None) -> np.ndarray:
+        """Image ids of one split (all images if None), in file order (sorted by id)."""
+        if split is None:
+            return self.all_image_ids
         if split not in SPLIT_CODES:
             raise CaprlError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        return self.image_ids[self.split == SPLIT_CODES[split]]
+        return self.all_image_ids[self.split_codes == SPLIT_CODES[split]]
 
     def index(self, image_id: int) -> int:
         try:

@@ -11,10 +11,13 @@ from collections import Counter
 from caprl import params as params_mod
 from caprl.data.prepare import load_annotations
 from caprl.evaluation.report import score_and_record
+from caprl.metrics.score_cli import load_references
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--annotations", required=True)
+    parser.add_argument("--refs", required=True, help="COCO caption-annotation file of the split (caprl references)")
+    parser.add_argument("--out-examples", required=True, help="output: a few captions beside their references")
     parser.add_argument("--out-captions", required=True)
     parser.add_argument("--out-scores", required=True)
 
@@ -28,7 +31,7 @@ def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     annotations = load_annotations(args.annotations)
     caption = most_frequent_caption(annotations)
-    split = params["evaluate"]["split"]
-    refs = {int(img["id"]): list(img["raw"]) for img in annotations["images"] if img["split"] == split}
+    refs = load_references(args.refs)
     info = {"run": "most-frequent", "model": "most-frequent caption", "objective": "none", "caption": caption}
-    score_and_record(params, "most-frequent", info, {i: caption for i in refs}, refs, args.out_captions, args.out_scores)
+    score_and_record(params, "most-frequent", info, {i: caption for i in refs}, refs, args.out_captions, args.out_scores,
+                     args.out_examples)

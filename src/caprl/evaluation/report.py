@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from caprl import io
@@ -21,6 +20,7 @@ def score_and_record(
     references: dict[int, list[str]],
     out_captions: str,
     out_scores: str,
+    out_examples: str,
 ) -> dict[str, Any]:
     """Write COCO-format results, official scores (``out_scores``), and log both to MLflow.
 
@@ -43,13 +43,12 @@ def score_and_record(
     log.info("%s: %s", label, ", ".join(f"{k} {v:.4f}" for k, v in report["metrics"].items()))
     examples = [{"image_id": i, "caption": captions[i], "references": references[i]}
                 for i in sorted(captions)[: ev["n_examples"]]]
-    examples_path = Path(out_scores).with_name("examples.json")
-    io.write_json(examples_path, examples)
+    io.write_json(out_examples, examples)
     with Tracker(params["tracking"]["experiment"], f"{params['dataset']['name']}/{label}/evaluate",
                  tags={"stage": "evaluate", "dataset": params["dataset"]["name"],
                        **{k: str(v) for k, v in info.items()}}) as tracker:
         tracker.log_params({"evaluate": ev, "decode": params["decode"], **{"info": info}})
         tracker.log_metrics(report["metrics"])
-        for path in (out_captions, out_scores, examples_path):
+        for path in (out_captions, out_scores, out_examples):
             tracker.log_artifact(path)
     return report

@@ -10,7 +10,9 @@ import torch
 from tqdm import tqdm
 
 from caprl import decoding, params as params_mod
+from caprl.errors import CaprlError
 from caprl.evaluation.report import score_and_record
+from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
 from caprl.training import checkpoint
 from caprl.training.data import CaptionData, DataPaths
@@ -25,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", required=True)
     parser.add_argument("--labels", required=True)
     parser.add_argument("--features", required=True)
+    parser.add_argument("--refs", required=True, help="COCO caption-annotation file of the split (caprl references)")
+    parser.add_argument("--out-examples", required=True, help="output: a few captions beside their references")
     parser.add_argument("--out-captions", required=True, help="output: COCO results format")
     parser.add_argument("--out-scores", required=True, help="output: official metrics (JSON)")
 
@@ -48,8 +52,14 @@ def main(args: argparse.Namespace) -> None:
     payload = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
     model = checkpoint.model_from_checkpoint(payload)
     split = params["evaluate"]["split"]
+    references = load_references(args.refs)
     ids = data.split_ids(split)
+    missing = sorted(set(ids) - set(references))
+    if missing:
+        raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
+                         "rebuild it with `caprl references` from the same annotations")
     captions = beam_captions(model, data, ids, params["decode"]["beam_size"], params["decode"]["max_length"],
                              params["evaluate"]["batch_size"])
     info: dict[str, Any] = {"run": args.run, **payload["run"], "beam_size": params["decode"]["beam_size"]}
-    score_and_record(params, args.run, info, captions, data.raw_references(split), args.out_captions, args.out_scores)
+    score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
+                     args.out_examples)

@@ -121,7 +121,7 @@ class PatchesBackbone(Backbone):
     then average-pooled by ``OVERSAMPLE`` to ``grid * cell_size`` square, so each of the
     grid x grid cells becomes a ``cell_size`` x ``cell_size`` patch of channels. Channels are
     RGB mapped from [0, 1] to [-1, 1] (``2 * v - 1``: zero for mid-grey, unit scale), followed by
-    the optional ``extras`` (``features.patches.extras``), each also pooled to
+    the optional ``extras`` (``features.patches.extras``; absent means none), each also pooled to
     ``cell_size`` x ``cell_size`` from the oversampled image:
 
     * ``saturation`` -- chroma ``max(R,G,B) - min(R,G,B)``, which separates coloured shapes
@@ -130,7 +130,10 @@ class PatchesBackbone(Backbone):
       outlines that averaging blurs away still show; normalised as ``(e - 0.05) / 0.1``.
 
     A region is its cell's channels flattened channel-major: ``dim = n_channels * cell_size**2``
-    (48 with the defaults grid 4, cell_size 4, no extras). ``pooled`` is the mean of the regions.
+    (48 with the defaults grid 4, cell_size 4, no extras). ``pooled`` is the whole image
+    as one such patch (a ``cell_size`` x ``cell_size`` thumbnail, same size as a region): the
+    mean of raw pixel patches would keep only the average colour, and a global-feature model
+    (Show-Tell) would see no layout at all.
     """
 
     OVERSAMPLE: ClassVar[int] = 4
@@ -176,14 +179,15 @@ class PatchesBackbone(Backbone):
             chans.append((F.avg_pool2d(full, k) - mean) / std)
         return torch.cat(chans, dim=1)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = batch.float()
         chans = self._channels(x)  # [B, C, G*c, G*c]
         b, c, g, s = chans.shape[0], chans.shape[1], self.grid, self.cell_size
         cells = chans.view(b, c, g, s, g, s).permute(0, 2, 4, 1, 3, 5)  # [B, G, G, C, s, s]
         regions = cells.reshape(b, g * g, c * s * s).contiguous()
-        return regions.mean(dim=1), regions
+        thumbnail = F.avg_pool2d(chans, g).reshape(b, c * s * s)
+        return thumbnail, regions
 
 
 # ----------------------------------------------------------------------------- ResNet
@@ -263,13 +267,13 @@ class ResNetBackbone(Backbone):
         x = _to_tensor(image, self.image_size, Image.Resampling.BILINEAR)
         return _normalise(x.unsqueeze(0), IMAGENET_MEAN, IMAGENET_STD)[0]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def feature_map(self, batch: torch.Tensor) -> torch.Tensor:
         """The final conv map ``[B, D, H, W]`` (on the model's device)."""
         out = self.model(pixel_values=batch.to(self.device, dtype=torch.float32))
         return out.last_hidden_state
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fmap = self.feature_map(batch)
         if not self._warned and min(fmap.shape[-2:]) < self.grid:

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from caprl.data.prepare import load_annotations
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone, build_backbone
 from caprl.features.store import open_writer
@@ -26,29 +27,6 @@ from caprl.io import read_json
 log = logging.getLogger(__name__)
 
 _IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-
-
-def load_annotations(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read the normalised annotations; check the keys features need (``images[].id``, ``.file``)."""
-    data = read_json(path, what="annotations file")
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-        raise CaprlError(f"{path}: expected an object with an 'images' list; re-create it with caprl prepare")
-    seen: dict[int, int] = {}
-    for k, image in enumerate(data["images"]):
-        where = f"{path}: images[{k}]"
-        if not isinstance(image, dict):
-            raise CaprlError(f"{where} is not an object; re-create the file with caprl prepare")
-        image_id, file = image.get("id"), image.get("file")
-        if not isinstance(image_id, int) or isinstance(image_id, bool):
-            raise CaprlError(f"{where}: 'id' must be an integer, got {image_id!r}; re-create the file with caprl prepare")
-        if not isinstance(file, str) or not file:
-            raise CaprlError(f"{where} (id {image_id}): 'file' must be a non-empty path; re-create the file with caprl prepare")
-        if image_id in seen:
-            raise CaprlError(f"{where}: image id {image_id} repeats images[{seen[image_id]}]; ids must be unique")
-        seen[image_id] = k
-    if not data["images"]:
-        raise CaprlError(f"{path}: 'images' is empty; nothing to extract")
-    return data
 
 
 def shard_count(shard: int, shards: Sequence[int]) -> int:

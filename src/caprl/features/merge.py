@@ -37,8 +37,8 @@ def _check_shard_set(paths: Sequence[Path], attrs: Sequence[dict[str, Any]]) -> 
         return
     counts = {int(a["n_shards"]) for a in attrs}
     if len(counts) > 1:
-        raise CaprlError(f"shards were cut {sorted(counts)} ways: {', '.join(map(str, paths))}; re-extract them "
-                         "with one params.yaml")
+        raise CaprlError(f"shards were cut {sorted(counts)} ways: {', '.join(map(str, paths))}; delete stale "
+                         "shard files and re-extract the shards with one params.yaml")
     n = counts.pop()
     seen: dict[int, Path] = {}
     for path, a in zip(paths, attrs):
@@ -116,8 +116,21 @@ def merge_shards(
     return n
 
 
+def shards_in(folder: str | os.PathLike[str]) -> list[Path]:
+    """The shard files in ``folder``: every ``*.h5`` directly in it (temporary files are hidden)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise CaprlError(f"--shard-dir {d}: no such folder; run caprl features for every shard first")
+    paths = sorted(p for p in d.glob("*.h5") if not p.name.startswith("."))
+    if not paths:
+        raise CaprlError(f"--shard-dir {d}: no .h5 shard files in it; run caprl features for every shard first")
+    return paths
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shards", nargs="+", required=True, help="shard HDF5 files (from caprl features)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--shards", nargs="+", help="shard HDF5 files (from caprl features)")
+    which.add_argument("--shard-dir", help="folder whose *.h5 files are the shards (stale files there are errors)")
     parser.add_argument("--out", required=True, help="merged HDF5 file")
     parser.add_argument("--annotations", default=None,
                         help="normalised annotations JSON: check the shards cover exactly its images")
@@ -126,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     annotation_ids = None
     if args.annotations:
-        from caprl.features.extract import load_annotations
+        from caprl.data.prepare import load_annotations
 
         annotation_ids = [int(im["id"]) for im in load_annotations(args.annotations)["images"]]
-    merge_shards(args.shards, args.out, annotation_ids, source=str(args.annotations))
+    paths = args.shards if args.shards else shards_in(args.shard_dir)
+    merge_shards(paths, args.out, annotation_ids, source=str(args.annotations))

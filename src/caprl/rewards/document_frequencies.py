@@ -8,6 +8,7 @@ captions contain it at least once. CIDEr-D's ``ref_len`` is ``log(num_documents)
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -18,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from caprl.errors import CaprlError
-from caprl.io import atomic_path, read_json
-from caprl.rewards.ngrams import MAX_ORDER, encode
+from caprl.io import atomic_path, read_json, write_text
+from caprl.rewards.ngrams import MAX_ORDER, encode, sorted_unique
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +74,32 @@ def compute_document_frequencies(references: References, max_order: int = MAX_OR
             ids = ids[keep] * max(len(words), 1) + flat[pos + k - 1]
         uniq, first, ids = np.unique(ids, return_index=True, return_inverse=True)
         ids = ids.reshape(-1).astype(np.int64)
-        pairs = np.unique(ids * n_docs + doc_of_sentence[sent_of_word[pos]])
+        pairs = sorted_unique(ids * n_docs + doc_of_sentence[sent_of_word[pos]])
         ngrams.append(flat[pos[first][:, None] + np.arange(k)].astype(np.int32))
         counts.append(np.bincount(pairs // n_docs, minlength=len(uniq)).astype(np.int32))
     return DocumentFrequencies(words, ngrams, counts, len(references))
 
 
 def save_document_frequencies(df: DocumentFrequencies, path: str | os.PathLike[str]) -> None:
-    """Write ``df`` atomically as a compressed ``.npz`` (no pickles).
+    """Write ``df`` atomically: compressed ``.npz`` (no pickles) unless ``path`` ends in ``.json``.
 
-    Layout: ``format`` = "caprl-cider-df-v1"; ``words`` (unicode array, the word list);
+    npz layout: ``format`` = "caprl-cider-df-v1"; ``words`` (unicode array, the word list);
     ``num_documents`` (int64 scalar); for k = 1..4 ``ngrams_k`` (int32, shape (m_k, k): word
     indices of each n-gram of order k) and ``counts_k`` (int32, shape (m_k,): the number of
     images whose references contain that n-gram).
+    JSON layout: ``{"format", "num_documents", "words": [str], "ngrams": [per order k:
+    [[word index, ...k], ...]], "counts": [per order k: [int, ...]]}`` (same contents).
     """
+    if Path(path).suffix.lower() == ".json":
+        doc = {
+            "format": FORMAT,
+            "num_documents": int(df.num_documents),
+            "words": list(df.words),
+            "ngrams": [rows.tolist() for rows in df.ngrams],
+            "counts": [c.tolist() for c in df.counts],
+        }
+        write_text(path, json.dumps(doc, separators=(",", ":")) + "\n")
+        return
     arrays: dict[str, Any] = {
         "format": np.array(FORMAT),
         "words": np.array(df.words, dtype=str),
@@ -101,32 +114,55 @@ def save_document_frequencies(df: DocumentFrequencies, path: str | os.PathLike[s
 
 
 def load_document_frequencies(path: str | os.PathLike[str]) -> DocumentFrequencies:
-    """Read a file written by :func:`save_document_frequencies`; CaprlError if it is not one."""
+    """Read a file written by :func:`save_document_frequencies` (npz or JSON, told apart by
+    content); CaprlError naming the file if it is not one."""
     p = Path(path)
     if not p.exists():
         raise CaprlError(f"document frequencies file not found: {p} (run `caprl cider-df`)")
+    with open(p, "rb") as fh:
+        is_zip = fh.read(2) == b"PK"
     try:
-        with np.load(p, allow_pickle=False) as data:
-            if "format" not in data or str(data["format"]) != FORMAT:
-                raise CaprlError(f"{p}: not a caprl document-frequencies file (expected format {FORMAT})")
-            words = [str(w) for w in data["words"].tolist()]
-            ngrams, counts = [], []
-            k = 1
-            while f"ngrams_{k}" in data:
-                rows, cnt = data[f"ngrams_{k}"], data[f"counts_{k}"]
-                if rows.ndim != 2 or rows.shape[1] != k or cnt.shape != (rows.shape[0],):
-                    raise CaprlError(f"{p}: arrays ngrams_{k}/counts_{k} have inconsistent shapes")
-                if rows.size and (rows.min() < 0 or rows.max() >= len(words)):
-                    raise CaprlError(f"{p}: ngrams_{k} holds word indices outside the word list")
-                ngrams.append(rows.astype(np.int32))
-                counts.append(cnt.astype(np.int32))
-                k += 1
-            num_documents = int(data["num_documents"])
-    except (OSError, ValueError, KeyError) as exc:
+        fields = _read_npz(p) if is_zip else _read_json(p)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CaprlError(f"{p}: cannot read document frequencies: {exc}") from exc
+    if fields.get("format") != FORMAT:
+        raise CaprlError(f"{p}: not a caprl document-frequencies file (expected format {FORMAT})")
+    words = [str(w) for w in fields["words"]]
+    ngrams, counts = [], []
+    for k, (rows, cnt) in enumerate(zip(fields["ngrams"], fields["counts"]), start=1):
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, k)
+        cnt = np.asarray(cnt, dtype=np.int64)
+        if cnt.shape != (rows.shape[0],):
+            raise CaprlError(f"{p}: n-grams and counts of order {k} have different lengths")
+        if rows.size and (rows.min() < 0 or rows.max() >= len(words)):
+            raise CaprlError(f"{p}: n-grams of order {k} hold word indices outside the word list")
+        ngrams.append(rows.astype(np.int32))
+        counts.append(cnt.astype(np.int32))
+    num_documents = int(fields["num_documents"])
     if not ngrams or num_documents < 1:
         raise CaprlError(f"{p}: document frequencies are empty")
     return DocumentFrequencies(words, ngrams, counts, num_documents)
+
+
+def _read_npz(path: Path) -> dict[str, Any]:
+    with np.load(path, allow_pickle=False) as data:
+        fields: dict[str, Any] = {"format": str(data["format"]) if "format" in data else None}
+        if fields["format"] != FORMAT:
+            return fields
+        k = 1
+        fields.update(words=data["words"].tolist(), num_documents=int(data["num_documents"]), ngrams=[], counts=[])
+        while f"ngrams_{k}" in data:
+            fields["ngrams"].append(data[f"ngrams_{k}"])
+            fields["counts"].append(data[f"counts_{k}"])
+            k += 1
+    return fields
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    doc = read_json(path, "document frequencies file")
+    if not isinstance(doc, dict):
+        return {"format": None}
+    return doc
 
 
 def references_from_annotations(annotations: dict[str, Any], split: str) -> dict[int, list[list[str]]]:
@@ -161,7 +197,7 @@ def references_from_annotations(annotations: dict[str, Any], split: str) -> dict
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--annotations", required=True, help="normalised annotations JSON (from `caprl prepare`)")
     parser.add_argument("--split", default="train", help="split whose references make the corpus (default: train)")
-    parser.add_argument("--out", required=True, help="output .npz file")
+    parser.add_argument("--out", required=True, help="output file: .npz (compact) or .json")
 
 
 def main(args: argparse.Namespace) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from caprl.errors import CaprlError
 from caprl.rewards.document_frequencies import DocumentFrequencies
-from caprl.rewards.ngrams import MAX_ORDER, NgramTable, encode, occurrences
+from caprl.rewards.ngrams import MAX_ORDER, NgramTable, encode, occurrences, segment_search
 
 References = Mapping[int, Sequence[Sequence[str]]]
 
@@ -18,8 +18,10 @@ class ReferenceSet:
 
     * ``table``: every n-gram (orders 1-4) of the references and of the document
       frequencies, with dense ids; ``df_count[id]`` is its document frequency (0 if absent).
-    * ``entry_key`` (sorted), ``entry_ref``, ``entry_tf``: one entry per distinct n-gram of
-      each reference sentence, keyed by ``image_slot * table.size + ngram_id``.
+    * entries ``entry_ref``, ``entry_tf``: one per distinct n-gram of each reference sentence,
+      grouped in runs (one run per distinct n-gram of an image: ``run_gid``, entries
+      ``run_ptr[u]:run_ptr[u+1]``), runs sorted by n-gram id within each image (the runs
+      of image slot ``s`` and order ``k`` are ``img_run_ptr[4s+k]:img_run_ptr[4s+k+1]``).
     * ``ref_ptr``: references of image slot ``s`` are sentences ``ref_ptr[s]:ref_ptr[s+1]``;
       ``ref_len``: their lengths in words.
 
@@ -52,28 +54,32 @@ class ReferenceSet:
         self.word_index = index
         flat, lengths, space = encode(sentences, index)
         occ = occurrences(flat, lengths, space)
-        rows = [flat[occ.first[k][:, None] + np.arange(k + 1)] for k in range(MAX_ORDER)]
-        df_rows = list(df.ngrams) if df is not None else []
-        all_rows = [
-            np.concatenate([rows[k], df_rows[k]]) if k < len(df_rows) else rows[k] for k in range(MAX_ORDER)
-        ]
-        self.table = NgramTable(len(words), all_rows)
-        self.df_count = np.zeros(self.table.size, dtype=np.float64)
+        rows = [flat[occ.first[k][:, None] + np.arange(k + 1)].astype(np.int32) for k in range(MAX_ORDER)]
+        df_rows = list(df.ngrams[:MAX_ORDER]) if df is not None else []
+        self.table = NgramTable(len(words), rows + df_rows)
+        self.df_count = np.zeros(self.table.size, dtype=np.int32)
         self.num_documents = df.num_documents if df is not None else len(references)
-        for k, (df_r, df_c) in enumerate(zip(df_rows, df.counts if df is not None else [])):
-            if k < MAX_ORDER:
-                self.df_count[self.table.lookup_rows(df_r)] = df_c
+        for df_r, df_c in zip(df_rows, df.counts if df is not None else []):
+            self.df_count[self.table.lookup_rows(df_r)] = df_c
         gid = np.concatenate([self.table.lookup_rows(r) for r in rows])
+        del rows
         ref = np.concatenate(occ.sentence)
         slot_of_ref = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        key = slot_of_ref[ref] * self.table.size + gid
-        order = np.lexsort((ref, key))
-        self.entry_key = key[order]
-        self.entry_ref = ref[order]
-        self.entry_gid = gid[order]
-        self.entry_tf = np.concatenate(occ.count)[order].astype(np.int32)
+        order = np.lexsort((ref, gid, slot_of_ref[ref]))
+        gid, ref, slot = gid[order], ref[order], slot_of_ref[ref[order]]
+        # runs: the references of one image that contain one n-gram
+        run_start = np.flatnonzero(np.r_[True, (gid[1:] != gid[:-1]) | (slot[1:] != slot[:-1])])
+        self.run_gid = gid[run_start].astype(np.int32)
+        self.run_ptr = np.r_[run_start, len(gid)].astype(np.int64)
+        # runs of (image slot s, order k) are img_run_ptr[4s+k]:img_run_ptr[4s+k+1]
+        run_segment = slot[run_start] * MAX_ORDER + self.table.order_of[self.run_gid]
+        self.img_run_ptr = np.searchsorted(run_segment, np.arange(len(counts) * MAX_ORDER + 1)).astype(np.int64)
+        self.search_steps = max(1, int(np.diff(self.img_run_ptr).max(initial=0)).bit_length())
+        self.entry_ref = ref.astype(np.int32)
+        tf = np.concatenate(occ.count)[order]
+        self.entry_tf = tf.astype(np.int16 if tf.max(initial=0) < 2**15 else np.int32)
         self.ref_len = lengths
-        self._max_counts: tuple[np.ndarray, np.ndarray] | None = None
+        self._max_tf: np.ndarray | None = None
 
     def slots(self, image_ids: Sequence[int]) -> np.ndarray:
         """Slots of ``image_ids``; CaprlError naming the first id without references."""
@@ -82,12 +88,23 @@ class ReferenceSet:
         except KeyError as exc:
             raise CaprlError(f"image id {exc.args[0]} has no reference captions in this reward's references") from None
 
-    def max_counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted keys ``slot * table.size + id``, max term frequency over the image's references)."""
-        if self._max_counts is None:
-            starts = np.flatnonzero(np.r_[True, self.entry_key[1:] != self.entry_key[:-1]])
-            self._max_counts = (self.entry_key[starts], np.maximum.reduceat(self.entry_tf, starts))
-        return self._max_counts
+    def entry_gid(self) -> np.ndarray:
+        """N-gram id of every entry (rebuilt on demand, to keep the set small)."""
+        return np.repeat(self.run_gid, np.diff(self.run_ptr))
+
+    def find_runs(self, slots: np.ndarray, orders: np.ndarray, gids: np.ndarray) -> np.ndarray:
+        """Run index of n-gram ``gids[i]`` (of order ``orders[i]``+1) among the references of
+        image slot ``slots[i]``, or -1."""
+        segment = slots * MAX_ORDER + orders
+        lo, hi = self.img_run_ptr[segment], self.img_run_ptr[segment + 1]
+        return segment_search(self.run_gid, lo, hi, gids, self.search_steps)
+
+    def max_tf(self) -> np.ndarray:
+        """Per run, the largest term frequency among the image's references (BLEU's clip)."""
+        if self._max_tf is None:
+            tf = self.entry_tf
+            self._max_tf = np.maximum.reduceat(tf, self.run_ptr[:-1]) if len(tf) else tf
+        return self._max_tf
 
     def candidate_ngrams(self, captions: Sequence[Sequence[str]]) -> tuple[np.ndarray, ...]:
         """Distinct n-grams of each caption, all orders concatenated.

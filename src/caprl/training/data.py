@@ -15,6 +15,7 @@ from caprl.data.prepare import load_annotations
 from caprl.data.vocab import Labels, Vocab
 from caprl.features.store import Features
 from caprl.objectives.base import Batch
+from caprl.rewards import references_from_annotations
 
 
 @dataclass
@@ -46,10 +47,7 @@ class CaptionData:
 
     def references(self, split: str) -> dict[int, list[list[str]]]:
         """Tokenised references (unclipped, no UNK) for rewards."""
-        return {int(img["id"]): [list(c) for c in img["captions"]] for img in self.annotations["images"] if img["split"] == split}
-
-    def raw_references(self, split: str) -> dict[int, list[str]]:
-        return {int(img["id"]): list(img["raw"]) for img in self.annotations["images"] if img["split"] == split}
+        return references_from_annotations(self.annotations, split)
 
     def features_of(self, image_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         pooled, regions = self.features.get(image_ids)

@@ -48,6 +48,11 @@ def config_hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def fingerprint(paths: list[str | None]) -> list[tuple[str, int, int]]:
+    """Size and mtime of every input file: a rebuilt input makes a left-over state stale."""
+    return [(str(p), Path(p).stat().st_size, Path(p).stat().st_mtime_ns) for p in paths if p is not None]
+
+
 def make_validator(data: CaptionData, max_length: int) -> Any:
     """Validation CIDEr-D of greedy captions, document frequencies from the val references (as coco-eval)."""
     refs = data.references("val")
@@ -100,7 +105,8 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
             "vocab_size": len(data.vocab), "feat_dim": data.feat_dim, "n_regions": data.n_regions,
             "run": {k: v for k, v in spec.items() if v is not None},
             "config_hash": config_hash(spec, arch, model_params, objective_options, t, params["seed"],
-                                       params["decode"], init and Path(init).stat().st_size)}
+                                       params["decode"],
+                                       fingerprint([*vars(data.paths).values(), cider_df_path, init]))}
     experiment = params["tracking"]["experiment"]
     previous = state_dir / "last.pt"
     run_id = None

@@ -1,0 +1,1 @@
+"""Figures of the papers (PNG), one stage module each (e.g. ``caprl attention-figure``)."""

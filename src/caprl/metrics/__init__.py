@@ -1,0 +1,1 @@
+"""Official caption metrics (pycocoevalcap), the `caprl score` stage, and diversity metrics."""

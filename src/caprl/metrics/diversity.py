@@ -1,0 +1,48 @@
+"""Set-level diversity of several captions per image (SLE paper, sec. 3.2).
+
+For the caption set Y of one image (e.g. 5 random samples or the top-5 beams):
+
+* Div-1: distinct unigrams in Y / number of words in Y (higher is more diverse);
+* Div-2: distinct bigrams in Y / number of words in Y (higher is more diverse);
+* mBLEU-4: each caption's BLEU-4 against the rest of Y as references (pycocoevalcap's
+  sentence BLEU, closest reference length), averaged over the captions (lower is more
+  diverse).
+
+Each is computed per image and averaged over images. Captions are token lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from caprl.errors import CaprlError
+from caprl.rewards.bleu import leave_one_out_bleu
+
+
+def div_n(captions: Sequence[Sequence[str]], n: int) -> float:
+    """Distinct n-grams of the set over its number of words (0 for a set with no words)."""
+    words = sum(len(c) for c in captions)
+    if words == 0:
+        return 0.0
+    grams = {tuple(c[i : i + n]) for c in captions for i in range(len(c) - n + 1)}
+    return len(grams) / words
+
+
+def diversity(captions_per_image: Mapping[int, Sequence[Sequence[str]]]) -> dict[str, float]:
+    """Div-1, Div-2 and mBLEU-4 averaged over images; every image needs at least 2 captions."""
+    if not captions_per_image:
+        raise CaprlError("diversity: no images given")
+    groups = [list(caps) for caps in captions_per_image.values()]
+    for image_id, caps in zip(captions_per_image, groups):
+        if len(caps) < 2:
+            raise CaprlError(f"diversity: image {image_id} has {len(caps)} caption(s); need at least 2")
+    bleu4 = leave_one_out_bleu(groups)[:, 3]
+    owner = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    mbleu = np.bincount(owner, bleu4) / np.bincount(owner)
+    return {
+        "Div-1": float(np.mean([div_n(g, 1) for g in groups])),
+        "Div-2": float(np.mean([div_n(g, 2) for g in groups])),
+        "mBLEU-4": float(mbleu.mean()),
+    }

@@ -1,0 +1,232 @@
+"""The official COCO caption metrics (pycocoevalcap) behind one object that owns its JVMs.
+
+``OfficialScorer.score(refs, results, metrics, per_image)`` PTB-tokenises references and
+candidates (one Java call for both), then computes BLEU-1..4, METEOR, ROUGE-L, CIDEr-D
+(pycocoevalcap's ``Cider``: document frequencies from the evaluated references) and SPICE.
+METEOR's JVM is started at the first METEOR request and reused until :meth:`close` (also
+called at interpreter exit). SPICE runs only when its Stanford CoreNLP jars are already
+installed; otherwise it is reported under ``"unavailable"`` with the reason, and nothing
+is downloaded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import logging
+import shutil
+import subprocess
+import threading
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from caprl.errors import CaprlError
+
+log = logging.getLogger(__name__)
+
+METRICS = ("bleu", "meteor", "rouge_l", "cider_d", "spice")
+METRIC_NAMES = {
+    "bleu": ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4"),
+    "meteor": ("METEOR",),
+    "rouge_l": ("ROUGE-L",),
+    "cider_d": ("CIDEr-D",),
+    "spice": ("SPICE",),
+}
+CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
+
+_live_scorers: weakref.WeakSet[OfficialScorer] = weakref.WeakSet()
+
+
+def _package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise CaprlError(f"pycocoevalcap is not installed (cannot import {module})")
+    return Path(spec.origin).parent
+
+
+def require_java() -> None:
+    if shutil.which("java") is None:
+        raise CaprlError("java not found on PATH: the official caption metrics (PTB tokenizer, METEOR) need Java")
+
+
+def spice_unavailable_reason() -> str | None:
+    """Why SPICE cannot run here, or None if it can. Checks files only; downloads nothing."""
+    if shutil.which("java") is None:
+        return "java not found on PATH"
+    try:
+        spice_dir = _package_dir("pycocoevalcap.spice.spice")
+    except CaprlError as exc:
+        return str(exc)
+    if not (spice_dir / "spice-1.0.jar").exists():
+        return f"spice-1.0.jar missing from {spice_dir}"
+    missing = [jar for jar in CORENLP_JARS if not (spice_dir / "lib" / jar).exists()]
+    if missing:
+        return (
+            f"Stanford CoreNLP models not installed ({', '.join(missing)} missing from {spice_dir / 'lib'}); "
+            "pycocoevalcap downloads them on first use, which was not attempted"
+        )
+    return None
+
+
+def ptb_tokenize(captions: Mapping[Hashable, Sequence[str]]) -> dict[Hashable, list[str]]:
+    """PTB-tokenise (lower-case, punctuation removed) with pycocoevalcap's PTBTokenizer: one JVM call."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    require_java()
+    wrapped = {key: [{"caption": str(c)} for c in caps] for key, caps in captions.items() if len(caps)}
+    if not wrapped:
+        return {key: [] for key in captions}
+    tokenized = PTBTokenizer().tokenize(wrapped)
+    return {key: tokenized.get(key, []) for key in captions}
+
+
+class OfficialScorer:
+    """pycocoevalcap's metrics, with METEOR's JVM started once and closed by :meth:`close`.
+
+    Use as a context manager, or keep one per process; ``close()`` also runs at exit.
+    """
+
+    def __init__(self) -> None:
+        self._meteor: Any = None
+        self._lock = threading.Lock()
+        _live_scorers.add(self)
+
+    # -- METEOR's long-lived JVM -------------------------------------------------------
+    def meteor(self, gts: Mapping[Hashable, list[str]], res: Mapping[Hashable, list[str]]) -> tuple[float, list[float]]:
+        """pycocoevalcap ``Meteor.compute_score`` on already-tokenised strings."""
+        with self._lock:
+            if self._meteor is None:
+                from pycocoevalcap.meteor.meteor import Meteor
+
+                require_java()
+                self._meteor = Meteor()
+            meteor = self._meteor
+        try:
+            score, scores = meteor.compute_score(dict(gts), dict(res))
+        except (OSError, ValueError) as exc:  # the JVM died: its pipe broke or answered nothing
+            self.close()
+            raise CaprlError(f"METEOR's Java process failed ({exc}); it will be restarted on the next call") from exc
+        return float(score), [float(s) for s in scores]
+
+    def close(self) -> None:
+        """Stop METEOR's JVM (if started). Safe to call more than once."""
+        with self._lock:
+            meteor, self._meteor = self._meteor, None
+        if meteor is not None:
+            with meteor.lock:
+                proc = meteor.meteor_p
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> OfficialScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- full evaluation ---------------------------------------------------------------
+    def score(
+        self,
+        refs: Mapping[int, Sequence[str]],
+        results: Mapping[int, str],
+        metrics: Sequence[str] = METRICS,
+        per_image: bool = False,
+    ) -> dict[str, Any]:
+        """Score raw-sentence ``results`` (image id -> caption) against ``refs`` (image id -> captions).
+
+        ``metrics`` is a subset of {"bleu", "meteor", "rouge_l", "cider_d", "spice"}.
+        Returns ``{"corpus": {name: float}, "unavailable": {name: reason}}`` plus, with
+        ``per_image``, ``"per_image": {image_id: {name: float}}``; names are "BLEU-1".."BLEU-4",
+        "METEOR", "ROUGE-L", "CIDEr-D", "SPICE". Only the images of ``results`` are scored.
+        """
+        unknown = [m for m in metrics if m not in METRICS]
+        if unknown:
+            raise CaprlError(f"unknown metric(s) {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+        missing = [i for i in results if i not in refs]
+        if missing:
+            raise CaprlError(f"{len(missing)} result image id(s) have no references: {_preview(missing)}")
+        if not results:
+            raise CaprlError("no results to score")
+        ids = list(results)
+        tokens = ptb_tokenize({**{("ref", i): refs[i] for i in ids}, **{("res", i): [results[i]] for i in ids}})
+        gts = {i: tokens[("ref", i)] for i in ids}
+        res = {i: tokens[("res", i)] for i in ids}
+        empty = [i for i in ids if not gts[i]]
+        if empty:
+            raise CaprlError(f"{len(empty)} image(s) have no reference captions: {_preview(empty)}")
+        corpus: dict[str, float] = {}
+        images: dict[int, dict[str, float]] = {i: {} for i in ids}
+        unavailable: dict[str, str] = {}
+        for metric in dict.fromkeys(metrics):
+            try:
+                values, per = self._compute(metric, gts, res)
+            except MetricUnavailable as exc:
+                unavailable[METRIC_NAMES[metric][0]] = str(exc)
+                continue
+            for name, value, scores in zip(METRIC_NAMES[metric], values, per):
+                corpus[name] = float(value)
+                for i, s in zip(ids, scores):
+                    images[i][name] = float(s)
+        out: dict[str, Any] = {"corpus": corpus, "unavailable": unavailable}
+        if per_image:
+            out["per_image"] = images
+        return out
+
+    def _compute(self, metric: str, gts: dict, res: dict) -> tuple[list[float], list[list[float]]]:
+        if metric == "bleu":
+            from pycocoevalcap.bleu.bleu import Bleu
+
+            score, scores = Bleu(4).compute_score(gts, res, verbose=0)
+            return list(score), [list(s) for s in scores]
+        if metric == "meteor":
+            score, scores = self.meteor(gts, res)
+            return [score], [scores]
+        if metric == "rouge_l":
+            from pycocoevalcap.rouge.rouge import Rouge
+
+            score, scores = Rouge().compute_score(gts, res)
+            return [float(score)], [list(scores)]
+        if metric == "cider_d":
+            from pycocoevalcap.cider.cider import Cider
+
+            score, scores = Cider().compute_score(gts, res)
+            return [float(score)], [list(scores)]
+        score, scores = run_spice(gts, res)
+        return [score], [scores]
+
+
+class MetricUnavailable(Exception):
+    """A metric that cannot run here (the message says why)."""
+
+
+def run_spice(gts: Mapping[Hashable, list[str]], res: Mapping[Hashable, list[str]]) -> tuple[float, list[float]]:
+    """pycocoevalcap's SPICE (F-score over all tuples): corpus mean and per-item scores.
+
+    Raises MetricUnavailable (never downloads, never returns a number) when it cannot run.
+    """
+    reason = spice_unavailable_reason()
+    if reason is not None:
+        raise MetricUnavailable(reason)
+    from pycocoevalcap.spice.spice import Spice
+
+    try:
+        score, scores = Spice().compute_score(dict(gts), dict(res))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise MetricUnavailable(f"SPICE failed to run: {exc}") from exc
+    return float(score), [float(s["All"]["f"]) for s in scores]
+
+
+def _preview(ids: Sequence[Any], limit: int = 5) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" ... ({len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+@atexit.register
+def _close_live_scorers() -> None:
+    for scorer in list(_live_scorers):
+        scorer.close()

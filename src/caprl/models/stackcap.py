@@ -1,0 +1,138 @@
+"""Stack-Captioning (Gu et al., AAAI 2018): a coarse LSTM and ``n_fine`` attention LSTMs.
+
+Stage 0 (coarse, eq. 1-2): ``h^0_t = LSTM_coarse(h^0_{t-1}, [y^0_{t-1}; f(V); h^{Nf}_{t-1}])``
+with ``f(V)`` the mean of the region features (raw, as the paper's mean pooling of V) and
+``h^{Nf}_{t-1}`` the last fine stage's previous hidden state.
+
+Stage i >= 1 (fine, eq. 3-4): ``h^i_t = LSTM^i_fine(h^i_{t-1}, [y^i_{t-1}; g^i_t; h^{i-1}_t])``
+where ``h^{i-1}_t`` is the preceding stage's hidden state at the same step (the coarse
+LSTM's ``h^0_t`` for stage 1) and ``g^i_t = sum_n alpha^{i,n}_t (W^i_{va} V_n + b^i_{va})``
+(eq. 5) with ``alpha^i_t = softmax(W^i_alpha A^i_t + b^i_alpha)``,
+``A^{i,n}_t = tanh(W^i_va V_n + W^i_ha q^i_t)`` (eq. 6-7). The attention query is
+
+* ``stackcap_star`` (independent attention): ``q^i_t = h^{i-1}_t``;
+* ``stackcap`` (stacked attention, eq. 8): ``q^i_t = hbar^{i-1}_t = h^{i-1}_t +
+  sum_n alpha^{i-1,n}_t (W^{i-1}_{va} V_n + b^{i-1}_{va})``, i.e. the previous stage's
+  hidden state plus its attended feature ``g^{i-1}_t``; ``alpha^0 = 0`` so ``hbar^0 = h^0``.
+
+Choices where the paper is silent: every stage reads its own previous word ``y^i_{t-1}``
+through one shared embedding ``W_e``; every stage has its own output layer on its hidden
+state (dropout before it); all hidden and cell states start at zero; ``W_va`` and
+``W_ha`` have no bias (eq. 7 shows none) and the scalar ``b^i_alpha`` of eq. 6 is left out
+because a softmax is invariant to it (it would never get a gradient). The coarse stage has no attention: its row of
+``StepOutput.attention`` is zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from caprl.models.base import Batch, CaptionModel, ModelConfig, StepOutput, register_model
+
+
+@dataclass
+class StackCapConfig(ModelConfig):
+    att_hidden_size: int = 512
+    n_fine: int = 2
+
+
+class StageAttention(nn.Module):
+    """One fine stage's spatial attention (eq. 5-7) for a given query ``q``."""
+
+    def __init__(self, feat_dim: int, hidden_size: int, att_hidden_size: int) -> None:
+        super().__init__()
+        self.w_va = nn.Linear(feat_dim, att_hidden_size, bias=False)  # W^i_va
+        self.w_ha = nn.Linear(hidden_size, att_hidden_size, bias=False)  # W^i_ha
+        self.w_alpha = nn.Linear(att_hidden_size, 1, bias=False)  # W^i_alpha (b^i_alpha cancels in the softmax)
+        self.w_value = nn.Linear(feat_dim, hidden_size)  # W^i_{v alpha}, b^i_{v alpha}
+
+    def precompute(self, regions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W_va V [B, R, A], W_{v alpha} V + b [B, R, H])``, once per image."""
+        return self.w_va(regions), self.w_value(regions)
+
+    def forward(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g [B, H], alpha [B, R])`` from precomputed keys/values and the query ``[B, H]``."""
+        scores = self.w_alpha(torch.tanh(keys + self.w_ha(query).unsqueeze(1))).squeeze(-1)
+        alpha = torch.softmax(scores, dim=-1)
+        return torch.bmm(alpha.unsqueeze(1), values).squeeze(1), alpha
+
+
+class CoarseToFine(CaptionModel):
+    """The coarse-to-fine decoder; subclasses choose the attention query (``attention_query``)."""
+
+    config_class = StackCapConfig
+
+    def __init__(self, config: StackCapConfig, vocab_size: int, feat_dim: int, n_regions: int) -> None:
+        super().__init__(config, vocab_size, feat_dim, n_regions)
+        c = config
+        self.n_stages = 1 + c.n_fine
+        self.embed = nn.Embedding(vocab_size, c.embed_size)
+        self.coarse = nn.LSTMCell(c.embed_size + feat_dim + c.hidden_size, c.hidden_size)
+        self.fine = nn.ModuleList(nn.LSTMCell(c.embed_size + 2 * c.hidden_size, c.hidden_size) for _ in range(c.n_fine))
+        self.attend = nn.ModuleList(StageAttention(feat_dim, c.hidden_size, c.att_hidden_size) for _ in range(c.n_fine))
+        self.logits = nn.ModuleList(nn.Linear(c.hidden_size, vocab_size) for _ in range(self.n_stages))
+        self.dropout = nn.Dropout(c.dropout)
+
+    def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:
+        """``mean`` = f(V) ``[B, D]``; per fine stage keys ``[B, Nf, R, A]`` and values ``[B, Nf, R, H]``."""
+        keys, values = zip(*(att.precompute(regions) for att in self.attend))
+        return {"mean": regions.mean(dim=1), "keys": torch.stack(keys, dim=1), "values": torch.stack(values, dim=1)}
+
+    def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
+        """``(h, c)``, each ``[B, S, H]`` (stage-major inside a row), all zeros."""
+        zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.n_stages, self.config.hidden_size)
+        return (zeros, zeros.clone())
+
+    def attention_query(self, h_prev: torch.Tensor, alpha_prev: torch.Tensor | None,
+                        values_prev: torch.Tensor | None) -> torch.Tensor:
+        """The query of stage i from stage i-1's hidden state, weights and values (None for i = 1)."""
+        raise NotImplementedError
+
+    def attend_stage(self, stage: int, ctx: Batch, h_prev: torch.Tensor,
+                     alpha_prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g^i_t, alpha^i_t)`` of fine stage ``stage`` (1..Nf) given ``h^{i-1}_t`` and ``alpha^{i-1}_t``."""
+        values_prev = ctx["values"][:, stage - 2] if stage > 1 else None
+        query = self.attention_query(h_prev, alpha_prev if stage > 1 else None, values_prev)
+        return self.attend[stage - 1](ctx["keys"][:, stage - 1], ctx["values"][:, stage - 1], query)
+
+    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
+        h, c = state
+        emb = self.embed(words)  # [B, S, E]: every stage its own previous word
+        h0, c0 = self.coarse(torch.cat([emb[:, 0], ctx["mean"], h[:, -1]], dim=1), (h[:, 0], c[:, 0]))
+        hs, cs = [h0], [c0]
+        alphas = [h0.new_zeros(h0.shape[0], ctx["keys"].shape[2])]
+        alpha_prev: torch.Tensor | None = None
+        for i in range(1, self.n_stages):
+            g, alpha = self.attend_stage(i, ctx, hs[-1], alpha_prev)
+            hi, ci = self.fine[i - 1](torch.cat([emb[:, i], g, hs[-1]], dim=1), (h[:, i], c[:, i]))
+            hs.append(hi)
+            cs.append(ci)
+            alphas.append(alpha)
+            alpha_prev = alpha
+        logprobs = torch.stack(
+            [torch.log_softmax(layer(self.dropout(hi)), dim=-1) for layer, hi in zip(self.logits, hs)], dim=1
+        )
+        return StepOutput(logprobs, (torch.stack(hs, dim=1), torch.stack(cs, dim=1)), torch.stack(alphas, dim=1))
+
+
+@register_model("stackcap_star")
+class StackCapStar(CoarseToFine):
+    """Stack-Cap*: independent attention, each fine stage queried by ``h^{i-1}_t`` alone."""
+
+    def attention_query(self, h_prev: torch.Tensor, alpha_prev: torch.Tensor | None,
+                        values_prev: torch.Tensor | None) -> torch.Tensor:
+        return h_prev
+
+
+@register_model("stackcap")
+class StackCap(CoarseToFine):
+    """Stack-Cap: stacked attention, queried by ``hbar^{i-1}_t`` (eq. 8)."""
+
+    def attention_query(self, h_prev: torch.Tensor, alpha_prev: torch.Tensor | None,
+                        values_prev: torch.Tensor | None) -> torch.Tensor:
+        if alpha_prev is None or values_prev is None:  # alpha^0 = 0: hbar^0 = h^0
+            return h_prev
+        return h_prev + torch.bmm(alpha_prev.unsqueeze(1), values_prev).squeeze(1)

@@ -1,0 +1,80 @@
+"""CIDEr-D, vectorised: pycocoevalcap's ``CiderScorer`` semantics with corpus document frequencies.
+
+Per candidate c and reference r of its image, for each n-gram order n (1-4), with
+``idf(g) = log(N) - log(max(1, df(g)))`` (N documents of the df corpus) and tf-idf vectors
+``v(g) = tf(g) * idf(g)``::
+
+    sim_n(c, r) = sum_g min(v_c(g), v_r(g)) * v_r(g) / (|v_c|_n * |v_r|_n)
+                  * exp(-(len_c - len_r)^2 / (2 sigma^2))
+    CIDEr-D(c)  = 10 * mean_n( sum_r sim_n(c, r) ) / num_refs
+
+where lengths are the number of bigrams (what ``CiderScorer.counts2vec`` counts) and a
+zero norm leaves the dot product undivided, exactly as pycocoevalcap does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from caprl.rewards.base import Reward
+from caprl.rewards.references import ReferenceSet, expand_ranges
+
+ORDERS = 4
+
+
+class CiderD(Reward):
+    """CIDEr-D reward; reference tf-idf vectors and norms are built once, in ``__init__``."""
+
+    name = "cider_d"
+
+    def __init__(self, references: ReferenceSet, sigma: float = 6.0) -> None:
+        self.refs = references
+        self.sigma = float(sigma)
+        self.log_docs = float(np.log(float(references.num_documents)))
+        # idf of every table n-gram, plus a last slot (index -1) for n-grams not in the table
+        self.idf = np.append(self.log_docs - np.log(np.maximum(1.0, references.df_count)), self.log_docs)
+        entry_gid = references.entry_gid()
+        values = references.entry_tf * self.idf[entry_gid]
+        orders = references.table.order_of[entry_gid].astype(np.int64)
+        n_refs = len(references.ref_len)
+        norm2 = np.bincount(references.entry_ref * ORDERS + orders, values * values, minlength=n_refs * ORDERS)
+        self.ref_norm = np.sqrt(norm2).reshape(n_refs, ORDERS)
+        self.ref_bigrams = np.maximum(references.ref_len - 1, 0).astype(np.float64)
+
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
+        """CIDEr-D of each caption against the references of its image (float64 array)."""
+        self.check_batch(image_ids, captions)
+        refs = self.refs
+        slots = refs.slots(image_ids)
+        batch = len(captions)
+        if batch == 0:
+            return np.zeros(0)
+        cap, order, gid, tf, lengths = refs.candidate_ngrams(captions)
+        cand_val = tf * self.idf[gid]
+        cand_norm = np.sqrt(
+            np.bincount(cap * ORDERS + order, cand_val * cand_val, minlength=batch * ORDERS)
+        ).reshape(batch, ORDERS)
+        # (candidate, reference) pairs: the references of each candidate's image
+        pair_lo, pair_hi = refs.ref_ptr[slots], refs.ref_ptr[slots + 1]
+        pair_cap, pair_ref = expand_ranges(pair_lo, pair_hi)
+        pair_start = np.cumsum(pair_hi - pair_lo) - (pair_hi - pair_lo)
+        # clipped dot products: candidate n-grams that occur in the image's references
+        seen = np.flatnonzero(gid >= 0)
+        run = refs.find_runs(slots[cap[seen]], order[seen], gid[seen])
+        seen, run = seen[run >= 0], run[run >= 0]
+        owner, entry = expand_ranges(refs.run_ptr[run], refs.run_ptr[run + 1])
+        c_idx = seen[owner]
+        r_val = refs.entry_tf[entry] * self.idf[gid[c_idx]]
+        contrib = np.minimum(cand_val[c_idx], r_val) * r_val
+        c_of = cap[c_idx]
+        pair = pair_start[c_of] + (refs.entry_ref[entry] - pair_lo[c_of])
+        n_pairs = len(pair_cap)
+        dots = np.bincount(pair * ORDERS + order[c_idx], contrib, minlength=n_pairs * ORDERS).reshape(n_pairs, ORDERS)
+        denom = cand_norm[pair_cap] * self.ref_norm[pair_ref]
+        sims = dots / np.where(denom != 0, denom, 1.0)  # a zero norm leaves the dot product as is
+        delta = np.maximum(lengths - 1, 0)[pair_cap] - self.ref_bigrams[pair_ref]
+        sims *= np.power(np.e, -(delta * delta) / (2 * self.sigma**2))[:, None]
+        per_order = np.add.reduceat(sims, pair_start, axis=0)  # pairs are grouped by candidate
+        return per_order.mean(axis=1) / (pair_hi - pair_lo) * 10.0

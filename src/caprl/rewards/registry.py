@@ -1,0 +1,217 @@
+"""Rewards by name: ``build_reward(name, references, document_frequencies, **options)``.
+
+Names: ``cider_d``, ``bleu1``..``bleu4`` (in-process, vectorised), ``rouge_l`` (pycocoevalcap's
+Python ROUGE-L), ``meteor`` (pycocoevalcap's METEOR: one JVM per reward, closed by
+``close()``), ``spice`` (official SPICE; building it raises CaprlError with the reason when
+SPICE cannot run here) and weighted mixes (:data:`MIXES`): a mix is one dict entry of
+component name -> weight, and ``weights=`` overrides the default weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from caprl.errors import CaprlError
+from caprl.rewards.base import Reward
+from caprl.rewards.bleu import Bleu
+from caprl.rewards.cider import CiderD
+from caprl.rewards.document_frequencies import DocumentFrequencies, compute_document_frequencies
+from caprl.rewards.references import ReferenceSet
+
+References = Mapping[int, Sequence[Sequence[str]]]
+
+# Mixes: name -> {component: weight}. SPIDEr = (CIDEr-D + SPICE) / 2 (PG-SPIDEr). BCMR mixes
+# BLEU-4, CIDEr-D, METEOR and ROUGE-L; the shared PG-SPIDEr summary gives no weights, so
+# they are equal here; pass weights={...} (from params.yaml) to use others.
+MIXES: dict[str, dict[str, float]] = {
+    "spider": {"cider_d": 0.5, "spice": 0.5},
+    "bcmr": {"bleu4": 0.25, "cider_d": 0.25, "meteor": 0.25, "rouge_l": 0.25},
+}
+
+
+class _Context:
+    """What the components of one ``build_reward`` call share (the prepared references)."""
+
+    def __init__(self, references: References, document_frequencies: DocumentFrequencies | None) -> None:
+        self.references = references
+        self.document_frequencies = document_frequencies
+
+    @cached_property
+    def reference_set(self) -> ReferenceSet:
+        df = self.document_frequencies
+        if df is None:  # CiderScorer's own convention: df from the references being scored
+            df = compute_document_frequencies(self.references)
+        return ReferenceSet(self.references, df)
+
+    @cached_property
+    def sentences(self) -> dict[int, list[str]]:
+        return {int(i): [" ".join(r) for r in refs] for i, refs in self.references.items()}
+
+
+def _sentences_of(captions: Sequence[Sequence[str]]) -> list[str]:
+    return [" ".join(c) for c in captions]
+
+
+class RougeL(Reward):
+    """pycocoevalcap's ROUGE-L (beta 1.2) of each caption against its image's references."""
+
+    name = "rouge_l"
+
+    def __init__(self, context: _Context) -> None:
+        from pycocoevalcap.rouge.rouge import Rouge
+
+        self._rouge = Rouge()
+        self._refs = context.sentences
+
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
+        self.check_batch(image_ids, captions)
+        refs = _lookup(self._refs, image_ids)
+        scores = [self._rouge.calc_score([c], r) for c, r in zip(_sentences_of(captions), refs)]
+        return np.array(scores, dtype=np.float64)
+
+
+class Meteor(Reward):
+    """pycocoevalcap's METEOR through one long-lived JVM (closed by :meth:`close`)."""
+
+    name = "meteor"
+
+    def __init__(self, context: _Context) -> None:
+        from caprl.metrics.official import OfficialScorer
+
+        self._scorer = OfficialScorer()
+        self._refs = context.sentences
+
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
+        self.check_batch(image_ids, captions)
+        if not captions:
+            return np.zeros(0)
+        refs = _lookup(self._refs, image_ids)
+        gts = dict(enumerate(refs))
+        res = {i: [c] for i, c in enumerate(_sentences_of(captions))}
+        _, scores = self._scorer.meteor(gts, res)
+        return np.asarray(scores, dtype=np.float64)
+
+    def close(self) -> None:
+        self._scorer.close()
+
+
+class Spice(Reward):
+    """Official SPICE F-score; building it fails with the reason when SPICE cannot run."""
+
+    name = "spice"
+
+    def __init__(self, context: _Context) -> None:
+        from caprl.metrics.official import spice_unavailable_reason
+
+        reason = spice_unavailable_reason()
+        if reason is not None:
+            raise CaprlError(f"reward 'spice' is unavailable: {reason}")
+        self._refs = context.sentences
+
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
+        from caprl.metrics.official import MetricUnavailable, run_spice
+
+        self.check_batch(image_ids, captions)
+        if not captions:
+            return np.zeros(0)
+        gts = dict(enumerate(_lookup(self._refs, image_ids)))
+        res = {i: [c] for i, c in enumerate(_sentences_of(captions))}
+        try:
+            _, per = run_spice(gts, res)
+        except MetricUnavailable as exc:  # SPICE stopped working mid-run
+            raise CaprlError(f"reward 'spice': {exc}") from exc
+        return np.asarray(per, dtype=np.float64)
+
+
+class Mix(Reward):
+    """A weighted sum of component rewards."""
+
+    def __init__(self, name: str, components: dict[str, Reward], weights: Mapping[str, float]) -> None:
+        self.name = name
+        self.components = components
+        self.weights = dict(weights)
+
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
+        self.check_batch(image_ids, captions)
+        total = np.zeros(len(captions))
+        for key, reward in self.components.items():
+            total += self.weights[key] * reward(image_ids, captions)
+        return total
+
+    def close(self) -> None:
+        for reward in self.components.values():
+            reward.close()
+
+
+def _lookup(refs: Mapping[int, list[str]], image_ids: Sequence[int]) -> list[list[str]]:
+    try:
+        return [refs[int(i)] for i in image_ids]
+    except KeyError as exc:
+        raise CaprlError(f"image id {exc.args[0]} has no reference captions in this reward's references") from None
+
+
+def _cider_d(context: _Context, sigma: float = 6.0) -> Reward:
+    return CiderD(context.reference_set, sigma=sigma)
+
+
+def _bleu(n: int) -> Callable[[_Context], Reward]:
+    return lambda context: Bleu(context.reference_set, n)
+
+
+# name -> factory(context, **options); a new reward is one entry here
+FACTORIES: dict[str, Callable[..., Reward]] = {
+    "cider_d": _cider_d,
+    **{f"bleu{n}": _bleu(n) for n in range(1, 5)},
+    "rouge_l": RougeL,
+    "meteor": Meteor,
+    "spice": Spice,
+}
+
+
+def available_rewards() -> list[str]:
+    """Every name :func:`build_reward` accepts."""
+    return sorted(FACTORIES) + sorted(MIXES)
+
+
+def build_reward(
+    name: str,
+    references: References,
+    document_frequencies: DocumentFrequencies | None = None,
+    **options: Any,
+) -> Reward:
+    """Build reward ``name`` over ``references`` (image id -> tokenised captions).
+
+    ``document_frequencies`` feeds CIDEr-D (None: computed from ``references``). Options:
+    ``sigma`` (cider_d), ``weights`` (mixes: component -> weight).
+    """
+    return _build(name, _Context(references, document_frequencies), dict(options))
+
+
+def _build(name: str, context: _Context, options: dict[str, Any]) -> Reward:
+    if name in MIXES:
+        weights = dict(options.pop("weights", None) or MIXES[name])
+        unknown = [k for k in weights if k not in FACTORIES]
+        if unknown:
+            raise CaprlError(f"reward '{name}': unknown component(s) {', '.join(unknown)}")
+        components: dict[str, Reward] = {}
+        try:
+            for key in weights:
+                components[key] = _build(key, context, options if key == "cider_d" else {})
+        except CaprlError as exc:
+            for built in components.values():
+                built.close()
+            raise CaprlError(f"reward '{name}': component {exc}") from exc
+        return Mix(name, components, weights)
+    if name not in FACTORIES:
+        raise CaprlError(f"unknown reward '{name}'; available: {', '.join(available_rewards())}")
+    factory = FACTORIES[name]
+    try:
+        inspect.signature(factory).bind(context, **options)
+    except TypeError as exc:
+        raise CaprlError(f"reward '{name}': bad options {sorted(options)}: {exc}") from exc
+    return factory(context, **options)

@@ -1,0 +1,105 @@
+"""A tiny real dataset, made by the real ``caprl`` stages, for tests that need one.
+
+``build_dataset(workdir, params)`` writes ``workdir/params.yaml`` and runs, in ``workdir``,
+the commands the workflow runs (``snakemake -n -p --forceall all_tables`` prints them;
+workflow/rules/data.smk and features.smk hold them): synthesize, prepare, vocab, features
+for every shard (concurrently, as Snakemake would on 2 cores), merge-features, cider-df and
+optionally references. Output paths follow workflow/rules/common.smk, relative to
+``workdir``. It returns the absolute paths, ready to pass to ``caprl train``/``evaluate``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    workdir: Path
+    params: Path
+    annotations: Path
+    vocab: Path
+    labels: Path
+    features: Path
+    cider_df: Path
+    references: dict[str, Path] = field(default_factory=dict)  # split -> COCO-format references
+
+    def train_args(self) -> list[str]:
+        """The data arguments of ``caprl train`` (as the workflow's train rule passes them)."""
+        return ["--annotations", str(self.annotations), "--vocab", str(self.vocab), "--labels", str(self.labels),
+                "--features", str(self.features), "--cider-df", str(self.cider_df)]
+
+
+def caprl_command(stage: str, params: Path, *args: str | os.PathLike[str]) -> list[str]:
+    """``python -m caprl STAGE --params PARAMS ARGS...`` with this interpreter."""
+    return [sys.executable, "-m", "caprl", stage, "--params", str(params), *map(str, args)]
+
+
+def _check(proc: subprocess.CompletedProcess[str] | subprocess.Popen[str], cmd: list[str], output: str) -> None:
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd[2:])} failed with exit code {proc.returncode}:\n{output[-6000:]}")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None, timeout: float) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    _check(proc, cmd, proc.stdout + proc.stderr)
+
+
+def build_dataset(workdir: Path, params: dict[str, Any], references: Sequence[str] = (),
+                  env: dict[str, str] | None = None, timeout: float = 300) -> DatasetPaths:
+    """Write ``workdir/params.yaml`` and make the dataset ``params`` describes through the real CLI.
+
+    ``params`` must be a complete, valid params.yaml (e.g. ``merge(default_params(), TINY)``);
+    with ``dataset.synthetic`` false, ``dataset.karpathy_json`` and ``image_root`` must exist.
+    ``references``: splits whose COCO-format references to write too (as the evaluate rules use).
+    """
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    params_path = workdir / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    name, backbone = params["dataset"]["name"], params["features"]["backbone"]
+    raw_json, image_root = params["dataset"]["karpathy_json"], params["dataset"]["image_root"]
+    data = Path("data") / name
+    shard_dir = data / "features" / backbone
+    paths = DatasetPaths(
+        workdir=workdir, params=params_path,
+        annotations=workdir / data / "annotations.json", vocab=workdir / data / "vocab.json",
+        labels=workdir / data / "labels.h5", features=workdir / data / f"features_{backbone}.h5",
+        cider_df=workdir / data / "cider_df.json",
+        references={split: workdir / data / f"refs_{split}.json" for split in references},
+    )
+    logs = Path("logs") / name
+
+    def cmd(stage: str, log: str, *args: str | os.PathLike[str]) -> list[str]:
+        return caprl_command(stage, params_path, "--log", logs / log, *args)
+
+    def run(stage: str, log: str, *args: str | os.PathLike[str]) -> None:
+        _run(cmd(stage, log, *args), workdir, env, timeout)
+
+    if params["dataset"]["synthetic"]:
+        run("synthesize", "synthesize.log", "--out-json", raw_json, "--image-dir", image_root)
+    run("prepare", "prepare.log", "--karpathy-json", raw_json, "--image-root", image_root, "--out", paths.annotations)
+    run("vocab", "vocab.log", "--annotations", paths.annotations, "--out-vocab", paths.vocab,
+        "--out-labels", paths.labels)
+    shard_cmds = [cmd("features", f"features_{backbone}_{shard}.log", "--annotations", paths.annotations,
+                      "--image-root", image_root, "--shard", str(shard), "--out", shard_dir / f"shard{shard}.h5")
+                  for shard in params["features"]["shards"]]
+    jobs = [(c, subprocess.Popen(c, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)) for c in shard_cmds]
+    for c, job in jobs:
+        output, _ = job.communicate(timeout=timeout)
+        _check(job, c, output)
+    run("merge-features", f"merge_features_{backbone}.log", "--annotations", paths.annotations,
+        "--shard-dir", shard_dir, "--out", paths.features)
+    run("cider-df", "cider_df.log", "--annotations", paths.annotations, "--split", "train", "--out", paths.cider_df)
+    for split, out in paths.references.items():
+        run("references", f"references_{split}.log", "--annotations", paths.annotations, "--split", split,
+            "--out", out)
+    return paths

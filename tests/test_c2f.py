@@ -1,0 +1,158 @@
+"""The coarse-to-fine RL objective (Stack-Cap eq. 11-15)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from caprl import decoding
+from caprl.errors import CaprlError
+from caprl.models import build_model
+from caprl.objectives import Batch, ObjectiveEnv, build_objective
+from caprl.objectives.c2f import c2f_advantages
+
+WORDS = ["<eos>", "a", "red", "circle", "blue", "square"]
+
+
+def decode(tokens: torch.Tensor) -> list[list[str]]:
+    out = []
+    for row in tokens.tolist():
+        words = []
+        for t in row:
+            if t == 0:
+                break
+            words.append(WORDS[t])
+        out.append(words)
+    return out
+
+
+def count_red(image_ids, captions) -> np.ndarray:
+    """A hand-made reward: how many times 'red' was said."""
+    return np.array([c.count("red") for c in captions], dtype=np.float64)
+
+
+def length(image_ids, captions) -> np.ndarray:
+    """Another: the caption's length (varies a lot between samples, so advantages are not zero)."""
+    return np.array([len(c) for c in captions], dtype=np.float64)
+
+
+REWARDS = {"count_red": count_red, "length": length}
+
+
+def setup(arch: str = "stackcap", n_images: int = 4, dropout: float = 0.2):
+    torch.manual_seed(0)
+    model = build_model(arch, {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8, "dropout": dropout},
+                        len(WORDS), 5, 4)
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.tensor([[1, 2, 3, 0], [1, 4, 5, 0]] * n_images)
+    batch = Batch(image_ids=list(range(n_images)), pooled=torch.randn(n_images, 5, generator=gen),
+                  regions=torch.randn(n_images, 4, 5, generator=gen), labels=labels,
+                  label_image=torch.arange(n_images).repeat_interleave(2))
+    env = ObjectiveEnv(decode_words=decode, reward=REWARDS.__getitem__, max_length=6)
+    return model, batch, env
+
+
+def test_advantages_by_hand() -> None:
+    r_sample = np.array([[1.0, 0.0], [2.0, 1.0], [4.0, 0.0]])  # stages 0 (coarse), 1, 2; two samples
+    r_greedy = np.array([[9.0, 9.0], [1.0, 1.0], [3.0, 2.0]])  # row 0 is not used
+    # stage 1: (2-1)+(2-1) = 2, (1-1)+(1-0) = 1; stage 2: (4-3)+(4-2) = 3, (0-2)+(0-1) = -3
+    assert c2f_advantages(r_sample, r_greedy).tolist() == [[2.0, 1.0], [3.0, -3.0]]
+    with pytest.raises(ValueError):
+        c2f_advantages(r_sample[:1], r_greedy[:1])  # no fine stage
+
+
+def test_loss_equals_the_hand_computed_value() -> None:
+    model, batch, env = setup()
+    n = 3
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "n_samples": n, "reward": "length"}, env)
+    torch.manual_seed(11)
+    loss, metrics = objective.loss(model, batch)
+    # recompute with the same random stream: greedy in eval mode, samples in train mode
+    torch.manual_seed(11)
+    ctx = model.encode(batch.pooled, batch.regions)
+    greedy = decoding.sample(model.eval(), ctx, 6, greedy=True)
+    samples = decoding.sample(model.train(), ctx, 6, n=n)
+    expected = torch.zeros(())
+    for i in (1, 2):
+        words_s, words_prev = decode(samples.tokens[:, i]), decode(samples.tokens[:, i - 1])
+        words_g = decode(greedy.tokens[:, i])
+        total, count = torch.zeros(()), 0.0
+        for j in range(len(words_s)):  # row j is sample j % n of image j // n
+            adv = (len(words_s[j]) - len(words_g[j // n])) + (len(words_s[j]) - len(words_prev[j]))
+            for t in range(6):
+                if samples.mask[j, i, t]:
+                    total = total + adv * samples.logprobs[j, i, t]
+                    count += 1
+        expected = expected - total / count
+    assert torch.isclose(loss, expected, atol=1e-5)
+    assert metrics["reward_sample"] == np.mean([len(w) for w in decode(samples.tokens[:, 2])])
+    assert metrics["reward_greedy_stage0"] == np.mean([len(w) for w in decode(greedy.tokens[:, 0])])
+
+
+@pytest.mark.parametrize("arch", ["stackcap", "stackcap_star"])
+def test_gradients_reach_every_fine_stage_and_the_coarse_lstm_only_through_them(arch: str) -> None:
+    model, batch, env = setup(arch, dropout=0.0)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "n_samples": 4, "reward": "length"}, env)
+    torch.manual_seed(5)
+    loss, _ = objective.loss(model, batch)
+    loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    for name, grad in grads.items():
+        if name == "logits.0.weight" or name == "logits.0.bias":
+            assert grad is None or grad.abs().sum() == 0, name  # no RL term for the coarse stage
+        elif name != "embed.weight":
+            assert grad is not None and grad.abs().sum() > 0, name
+    for name in ("coarse.weight_ih", "coarse.weight_hh", "embed.weight"):
+        assert grads[name].abs().sum() > 0  # theta_0 is trained through the fine stages
+
+
+def test_coarse_stage_gets_no_gradient_from_its_own_samples() -> None:
+    """With the fine stages cut off the coarse LSTM's states, the coarse LSTM gets no gradient at all."""
+    model, batch, env = setup(dropout=0.0)
+    coarse = model.coarse
+    model.coarse = _Detached(coarse)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "n_samples": 4, "reward": "length"}, env)
+    torch.manual_seed(5)
+    loss, _ = objective.loss(model, batch)
+    loss.backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in coarse.parameters())
+    assert model.fine[0].weight_ih.grad.abs().sum() > 0
+
+
+class _Detached(torch.nn.Module):
+    """An LSTM cell whose outputs carry no gradient back into it."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, state):
+        h, c = self.inner(x, state)
+        return h.detach(), c.detach()
+
+
+def test_c2f_raises_the_fine_stages_reward() -> None:
+    """C2F steps on the toy reward make the last stage's greedy caption say 'red' more."""
+    model, batch, env = setup(dropout=0.0)
+    objective = build_objective("c2f", {"lr": 1e-2, "epochs": 1, "n_samples": 4, "reward": "count_red"}, env)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    first = None
+    for _ in range(40):
+        loss, metrics = objective.loss(model, batch)
+        first = metrics["reward_greedy"] if first is None else first
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert metrics["reward_greedy"] > first + 1.0
+
+
+def test_c2f_needs_a_multi_stage_model_and_known_options() -> None:
+    model, batch, env = setup("stackcap")
+    fc = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), 5, 4)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "reward": "length"}, env)
+    with pytest.raises(CaprlError, match="multi-stage"):
+        objective.loss(fc, batch)
+    with pytest.raises(CaprlError, match="beta"):
+        build_objective("c2f", {"lr": 1e-3, "epochs": 1, "beta": 2}, env)

@@ -1,0 +1,48 @@
+"""Div-1, Div-2, mBLEU-4 (SLE paper sec. 3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest_rewards import coco_tokens
+from pycocoevalcap.bleu.bleu import Bleu
+
+from caprl.errors import CaprlError
+from caprl.metrics.diversity import diversity, div_n
+
+
+def test_div_n_by_hand():
+    caps = [["a", "dog", "runs"], ["a", "dog", "sits"]]
+    assert div_n(caps, 1) == pytest.approx(4 / 6)  # a, dog, runs, sits over 6 words
+    assert div_n(caps, 2) == pytest.approx(3 / 6)  # (a dog), (dog runs), (dog sits)
+    assert div_n([[], []], 1) == 0.0
+
+
+def test_identical_captions_are_less_diverse():
+    same = {1: [["a", "man", "riding", "a", "horse", "on", "a", "beach"]] * 5}
+    varied = {1: [c for c in coco_tokens()[next(iter(coco_tokens()))][:5]]}
+    d_same, d_varied = diversity(same), diversity(varied)
+    assert d_same["mBLEU-4"] == pytest.approx(1.0, abs=1e-6)
+    assert d_same["Div-1"] == pytest.approx(6 / 40)
+    assert d_varied["Div-1"] > d_same["Div-1"] and d_varied["Div-2"] > d_same["Div-2"]
+    assert d_varied["mBLEU-4"] < 0.5
+
+
+def test_mbleu_is_the_mean_of_leave_one_out_pycocoevalcap_bleu4():
+    tokens = coco_tokens()
+    images = {i: tokens[i][:5] for i in list(tokens)[:20]}
+    expected = []
+    for caps in images.values():
+        gts = {j: [" ".join(o) for k, o in enumerate(caps) if k != j] for j in range(5)}
+        res = {j: [" ".join(caps[j])] for j in range(5)}
+        expected.append(np.mean(Bleu(4).compute_score(gts, res, verbose=0)[1][3]))
+    got = diversity(images)
+    assert got["mBLEU-4"] == pytest.approx(np.mean(expected), abs=1e-12)
+    assert got["Div-1"] == pytest.approx(np.mean([div_n(c, 1) for c in images.values()]))
+
+
+def test_errors():
+    with pytest.raises(CaprlError, match="image 3 has 1 caption"):
+        diversity({3: [["a"]]})
+    with pytest.raises(CaprlError, match="no images"):
+        diversity({})

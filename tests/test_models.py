@@ -1,0 +1,93 @@
+"""Models and decoding: shapes, beam search vs greedy, teacher forcing consistency."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from caprl import decoding
+from caprl.models import MODELS, build_model
+
+SMALL = {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}
+EXTRA = {"topdown": {"att_hidden_size": 8}}
+
+
+def make(arch: str, vocab: int = 11):
+    torch.manual_seed(0)
+    model = build_model(arch, {**SMALL, **EXTRA.get(arch, {})}, vocab_size=vocab, feat_dim=6, n_regions=4)
+    return model.eval()
+
+
+def inputs(batch: int = 3):
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(batch, 6, generator=gen), torch.randn(batch, 4, 6, generator=gen)
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_beam_width_one_equals_greedy(arch: str) -> None:
+    model = make(arch)
+    ctx = model.encode(*inputs())
+    greedy = decoding.sample(model, ctx, 16, greedy=True)
+    beam, _ = decoding.beam_search(model, ctx, 1, 16)
+    assert torch.equal(beam[:, 0], greedy.last_stage())
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_beam_scores_are_sequence_logprobs_and_sorted(arch: str) -> None:
+    model = make(arch)
+    ctx = model.encode(*inputs())
+    tokens, scores = decoding.beam_search(model, ctx, 4, 16)
+    assert (scores[:, :-1] >= scores[:, 1:]).all()
+    # re-score the best beam by teacher forcing: the same log-probability
+    best = tokens[:, 0]
+    logprobs = model.teacher_forcing(ctx, best)[:, -1]  # [B, T+1, V]
+    lengths = (best > 0).sum(1)
+    for b in range(best.shape[0]):
+        n = int(lengths[b])
+        targets = torch.cat([best[b, :n], best.new_zeros(1)]) if n < best.shape[1] else best[b]
+        total = logprobs[b, torch.arange(len(targets)), targets].sum()
+        assert torch.isclose(total, scores[b, 0], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_wider_beam_never_scores_lower(arch: str) -> None:
+    model = make(arch)
+    ctx = model.encode(*inputs(5))
+    _, s1 = decoding.beam_search(model, ctx, 1, 16)
+    _, s5 = decoding.beam_search(model, ctx, 5, 16)
+    assert (s5[:, 0] >= s1[:, 0] - 1e-5).all()
+
+
+def test_samples_stop_at_end_token_and_mask_matches() -> None:
+    model = make("fc", vocab=4)  # tiny vocabulary: the end token comes early
+    ctx = model.encode(*inputs(8))
+    torch.manual_seed(3)
+    s = decoding.sample(model, ctx, 16, n=3)
+    assert s.tokens.shape == (24, 1, 16)
+    for row, mask in zip(s.tokens[:, 0], s.mask[:, 0]):
+        ends = (row == 0).nonzero()
+        if len(ends):
+            first = int(ends[0])
+            assert (row[first:] == 0).all()
+            assert mask[: first + 1].eq(1).all() and mask[first + 1 :].eq(0).all()
+    assert (s.logprobs[s.mask == 0] == 0).all()
+    assert (s.logprobs[s.mask == 1] < 0).all()
+
+
+def test_sampling_is_seeded() -> None:
+    model = make("topdown")
+    ctx = model.encode(*inputs())
+    torch.manual_seed(7)
+    a = decoding.sample(model, ctx, 16, n=2).tokens
+    torch.manual_seed(7)
+    b = decoding.sample(model, ctx, 16, n=2).tokens
+    assert torch.equal(a, b)
+
+
+def test_unknown_arch_and_unknown_option_are_errors() -> None:
+    from caprl.errors import CaprlError
+
+    with pytest.raises(CaprlError, match="unknown arch 'nope'"):
+        build_model("nope", {}, 5, 6, 4)
+    with pytest.raises(CaprlError, match="att_hidden_size"):
+        build_model("fc", {"att_hidden_size": 3}, 5, 6, 4, where="models.fc")

@@ -1,0 +1,29 @@
+"""The CIDEr-D benchmark script: >= 30x pycocoevalcap's throughput, flat memory on unseen n-grams."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from conftest_rewards import REPO, coco_path
+
+
+def test_benchmark_speedup_and_memory():
+    coco_path()  # skip with the reason if the shared data is absent
+    done = subprocess.run(
+        [sys.executable, "benchmarks/rewards.py", "--batches", "10", "--repeats", "3", "--growth-batches", "1000",
+         "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ratio = float(re.search(r"ratio \(caprl / pycocoevalcap\)\s+([\d.]+)x", done.stdout).group(1))
+    traced = [float(x) for x in re.findall(r"([\d.]+) MiB after \d+", done.stdout)]
+    growth = traced[-1] - traced[0]
+    assert ratio >= 30, done.stdout
+    assert len(traced) == 4 and growth < 0.5, done.stdout
+    assert "(unchanged: True)" in done.stdout
+    assert "PASS" in done.stdout

@@ -1,0 +1,62 @@
+"""The reward registry: names, mixes, SPICE refusal, external scorers closed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest_rewards import held_out
+
+from caprl.errors import CaprlError
+from caprl.metrics.official import spice_unavailable_reason
+from caprl.rewards import MIXES, available_rewards, build_reward
+
+REFS = {
+    1: [["a", "dog", "runs", "on", "the", "grass"], ["the", "brown", "dog", "is", "running"]],
+    2: [["a", "cat", "sits", "on", "a", "mat"], ["cat", "sitting", "on", "the", "mat"]],
+}
+CAPS = [["a", "dog", "is", "running"], ["a", "cat", "on", "the", "mat"], []]
+IDS = [1, 2, 2]
+
+
+def test_names():
+    names = available_rewards()
+    for name in ["cider_d", "bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "spice", "spider", "bcmr"]:
+        assert name in names
+    with pytest.raises(CaprlError, match="unknown reward 'cidr'"):
+        build_reward("cidr", REFS)
+    with pytest.raises(CaprlError, match="bad options"):
+        build_reward("bleu4", REFS, sigma=3.0)
+
+
+def test_mix_is_the_weighted_sum_of_its_components():
+    ids, cands, refs = held_out(100)
+    weights = {"cider_d": 0.7, "bleu4": 2.0, "rouge_l": 0.5}
+    mix = build_reward("bcmr", refs, weights=weights)
+    expected = sum(w * build_reward(k, refs)(ids, cands) for k, w in weights.items())
+    np.testing.assert_allclose(mix(ids, cands), expected, rtol=0, atol=1e-12)
+    with pytest.raises(CaprlError, match="unknown component"):
+        build_reward("bcmr", refs, weights={"cider": 1.0})
+
+
+@pytest.mark.skipif(spice_unavailable_reason() is None, reason="SPICE can run here")
+def test_spice_and_spider_refuse_to_build_with_the_reason():
+    with pytest.raises(CaprlError, match="spice.*unavailable.*CoreNLP"):
+        build_reward("spice", REFS)
+    with pytest.raises(CaprlError, match="spider"):
+        build_reward("spider", REFS)
+    assert MIXES["spider"] == {"cider_d": 0.5, "spice": 0.5}
+
+
+def test_bcmr_with_meteor_runs_one_jvm_and_closes_it():
+    reward = build_reward("bcmr", REFS)
+    first = reward(IDS, CAPS)
+    meteor = reward.components["meteor"]
+    process = meteor._scorer._meteor.meteor_p
+    second = reward(IDS, CAPS)
+    assert meteor._scorer._meteor.meteor_p is process  # same JVM for every call
+    np.testing.assert_array_equal(first, second)
+    assert first[0] > first[2] == 0.0
+    scores = meteor(IDS, CAPS)
+    assert 0 < scores[0] <= 1 and scores[2] == 0
+    reward.close()
+    assert process.poll() is not None

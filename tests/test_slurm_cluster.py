@@ -1,0 +1,358 @@
+"""The SLURM profile (workflow/profiles/slurm) against a real SLURM cluster on this machine.
+
+tests/slurm/start_cluster.sh installs SLURM from Debian when it is missing and starts
+munged, slurmctld and slurmd: one node, two fake GPUs (gres), one partition.
+stop_cluster.sh stops those daemons by PID. The workflow runs with the real profile, its
+four cluster values set for this cluster, followed by tests/slurm/profile (status checks
+every 2 s instead of 40, SLURM logs kept, no retries).
+
+No accounting database (slurmdbd + MariaDB) is started: without one `sacct` fails, the
+case in which the plugin's default status command hangs, and which the profile's
+`slurm-status-command: squeue` has to survive; it also keeps the install to four small
+packages. squeue and `scontrol show job` keep a finished job for MinJobAge (3600 s on
+this cluster): the assertions read each job's state, exit code, partition, time limit,
+memory and GPUs there, and slurmctld's log confirms each allocation and completion.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+import yte
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+SLURM_DIR = REPO / "tests" / "slurm"
+PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
+TEST_PROFILE = SLURM_DIR / "profile"
+# The real profile's cluster values (its __variables__), for the test cluster.
+CLUSTER = {"partition": "ci", "account": "", "gpu_model": "fakegpu", "cpus_per_gpu": 1}
+DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
+PIPELINE_LIMIT_S = 480   # `timeout -s INT`: SIGINT makes snakemake cancel its jobs and exit
+RESUME_LIMIT_S = 240
+# Two runs (one XE, one RL from it) instead of the tiny config's four: every rule still
+# runs, in half the SLURM jobs (each costs ~10 s of snakemake start-up on 2 cores).
+RUNS = {"xe": {"fc-xe": {"model": "fc"}}, "rl": {"fc-scst": {"model": "fc", "objective": "scst", "init": "fc-xe"}}}
+
+
+# -- the cluster -------------------------------------------------------------------------
+
+def daemon_pids() -> dict[int, str]:
+    """PID -> name of every running SLURM or munge daemon (and job step daemon)."""
+    found = {}
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            name = comm.read_text().strip()
+        except OSError:
+            continue
+        if name in DAEMONS:
+            found[int(comm.parent.name)] = name
+    return found
+
+
+@dataclass
+class Cluster:
+    state: Path
+    preexisting: dict[int, str]   # daemons that ran before the cluster started: not ours
+
+    def stop(self) -> subprocess.CompletedProcess:
+        return subprocess.run([str(SLURM_DIR / "stop_cluster.sh"), str(self.state)],
+                              capture_output=True, text=True, timeout=120)
+
+    def log(self) -> str:
+        return (self.state / "log" / "slurmctld.log").read_text()
+
+
+def cluster_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI" and not k.startswith("SLURM_")}
+    env.update(CI_PARTITION=CLUSTER["partition"], CI_GPU_TYPE=CLUSTER["gpu_model"])
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: tests/slurm/start_cluster.sh installs SLURM with apt-get and starts its daemons")
+    cluster = Cluster(tmp_path_factory.mktemp("slurm-cluster"), daemon_pids())
+    started = time.monotonic()
+    proc = subprocess.run([str(SLURM_DIR / "start_cluster.sh"), str(cluster.state)],
+                          capture_output=True, text=True, timeout=600, env=cluster_env())
+    if proc.returncode != 0:
+        cluster.stop()
+        if proc.returncode == 3:  # not root, no apt-get, or apt-get could not install
+            pytest.skip(f"no SLURM cluster: {proc.stderr.strip().splitlines()[-1]}")
+        pytest.fail(f"start_cluster.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    print(f"{proc.stdout}cluster started in {time.monotonic() - started:.1f} s")
+    yield cluster
+    cluster.stop()
+
+
+# -- profiles, workflow copies, snakemake ------------------------------------------------
+
+def render_profile(dest: Path) -> dict[str, Any]:
+    """Write the real profile with the test cluster's values to dest/config.yaml; return it
+    as snakemake reads it (YTE expressions evaluated)."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    assert set(profile["__variables__"]) == set(CLUSTER), "the profile's cluster values changed: update CLUSTER"
+    profile["__variables__"] = dict(CLUSTER)
+    text = yaml.safe_dump(profile, sort_keys=False)
+    dest.mkdir(parents=True)
+    (dest / "config.yaml").write_text(text)
+    return yte.process_yaml(text, require_use_yte=True)
+
+
+def rule_resources(profile: dict[str, Any], rule: str) -> dict[str, Any]:
+    return {**profile["default-resources"], **profile["set-resources"].get(rule, {})}
+
+
+def copy_workflow(dst: Path) -> Path:
+    shutil.copy(REPO / "Snakefile", dst / "Snakefile")
+    shutil.copytree(REPO / "workflow", dst / "workflow", ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def snakemake(work: Path, profile_dir: Path, args: list[str], limit_s: int) -> subprocess.Popen:
+    """Start `timeout -s INT <limit> snakemake --profile <real> --profile <test> ...` in work;
+    its output goes to work/snakemake.log."""
+    cmd = ["timeout", "-s", "INT", str(limit_s), "snakemake", "--profile", str(profile_dir),
+           "--profile", str(TEST_PROFILE), "--verbose", *args]
+    out = (work / "snakemake.log").open("w")
+    return subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=cluster_env())
+
+
+def finish(proc: subprocess.Popen, work: Path) -> str:
+    proc.wait()
+    log = (work / "snakemake.log").read_text()
+    assert proc.returncode == 0, f"snakemake exited {proc.returncode}:\n{log[-8000:]}\n{slurm_logs_tail(work)}"
+    return log
+
+
+def slurm_logs_tail(work: Path) -> str:
+    return "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in sorted(work.glob(".snakemake/slurm_logs/**/*.log")))
+
+
+def slurm(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def submissions(log: str) -> dict[str, str]:
+    """SLURM job id -> rule, from snakemake's 'has been submitted with SLURM jobid' lines."""
+    found = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", log)
+    return {jobid: re.search(r"slurm_logs/rule_([^/]+)/", path).group(1) for jobid, path in found}
+
+
+def sbatch_calls(log: str) -> list[str]:
+    return re.findall(r"^sbatch call: (sbatch .*)$", log, flags=re.M)
+
+
+def jobs_of(*jobids: str) -> dict[str, dict[str, str]]:
+    """scontrol's record of each of these jobs, as key -> value."""
+    records = {}
+    for line in slurm("scontrol", "--details", "show", "job", "--oneliner").splitlines():
+        fields = dict(re.findall(r"([\w/:]+)=(\S*)", line))
+        if fields.get("JobId") in jobids:
+            records[fields["JobId"]] = fields
+    assert set(records) == set(jobids), f"scontrol does not know jobs {set(jobids) - set(records)}"
+    return records
+
+
+def minutes(limit: str) -> int:
+    """'2-00:00:00' / '06:00:00' -> minutes."""
+    days, _, hms = limit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 1440 + h * 60 + m + (s > 0)
+
+
+def megabytes(size: str) -> float:
+    return float(size[:-1]) * {"M": 1, "G": 1024, "T": 1024 ** 2}[size[-1]]
+
+
+def planned_jobs(log: str) -> Counter:
+    """Rule -> number of jobs, from snakemake's first 'Job stats' table."""
+    table = log.split("Job stats:", 1)[1]
+    counts = Counter()
+    for line in table.splitlines()[3:]:
+        name, *count = line.split()
+        if name == "total":
+            return counts
+        counts[name] = int(count[0])
+    raise AssertionError("no 'total' row in the Job stats table")
+
+
+# -- the tests ---------------------------------------------------------------------------
+
+def dry_run_resources(work: Path) -> dict[str, str]:
+    """Rule -> its `resources:` line, from `snakemake --profile slurm -n all_tables`."""
+    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "all_tables"], cwd=work,
+                          capture_output=True, text=True, timeout=300, env=cluster_env())
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "Using profile slurm" in out
+    resources, rule = {}, None
+    for line in out.splitlines():
+        if match := re.match(r"(?:local)?rule (\w+):$", line):
+            rule = match.group(1)
+        elif rule and line.strip().startswith("resources: "):
+            resources[rule], rule = line.strip().removeprefix("resources: "), None
+    return resources
+
+
+@pytest.mark.parametrize("backbone", ["patches", "resnet101"])
+def test_the_profile_is_found_by_its_bare_name_from_the_repository_root(
+        backbone: str, tiny_params: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> None:
+    """`snakemake --profile slurm` as the README writes it: the top-level `slurm` link;
+    GPUs only for train/evaluate, and for features only with a CNN backbone."""
+    assert os.readlink(REPO / "slurm") == "workflow/profiles/slurm"
+    work = copy_workflow(tmp_path)
+    (work / "slurm").symlink_to("workflow/profiles/slurm")
+    params = tiny_params
+    params["features"]["backbone"] = backbone
+    write_params(params)
+    resources = dry_run_resources(work)
+
+    profile = yte.process_yaml(PROFILE.read_text(), require_use_yte=True)
+    for rule, line in resources.items():
+        if rule == "all_tables":
+            continue
+        expected = rule_resources(profile, rule)
+        assert f"runtime={expected['runtime']}," in line + ",", (rule, line)
+        assert f"mem_mb={expected['mem_mb']}," in line + ",", (rule, line)
+        assert f"slurm_extra={expected['slurm_extra']}" in line, (rule, line)
+        wants_gpu = "gpu" in expected or (rule == "features" and backbone != "patches")
+        assert ("gpu=1" in line.split(", ")) == wants_gpu, (rule, line)
+
+
+def test_preempted_and_time_limited_jobs_resume(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """--requeue and --signal from the profile: a pre-empted job is requeued and resumes
+    under the same job id; a job warned of its time limit saves, fails, and its retry
+    (the profile's `retries`) resumes."""
+    work = tmp_path / "resume"
+    shutil.copytree(SLURM_DIR / "resume", work)
+    profile = render_profile(tmp_path / "profile")
+    proc = snakemake(work, tmp_path / "profile", ["--retries", str(profile["retries"]), "all"], RESUME_LIMIT_S)
+
+    started: dict[str, str] = {}
+    deadline = time.monotonic() + 150
+    while len(started) < 2:
+        assert proc.poll() is None, (work / "snakemake.log").read_text()[-5000:]
+        assert time.monotonic() < deadline, "the two jobs did not start"
+        for case in ("preempted", "time_limit"):
+            events = work / "events" / f"{case}.log"
+            if events.exists() and " started" in events.read_text():
+                started[case] = events.read_text().split()[0]
+        time.sleep(0.5)
+
+    # What SLURM does to a pre-empted job with PreemptMode=REQUEUE; a requeued job waits
+    # 120 s before it is eligible again: StartTime=now skips that wait.
+    slurm("scontrol", "requeue", started["preempted"])
+    for _ in range(60):
+        released = subprocess.run(["scontrol", "update", f"JobId={started['preempted']}", "StartTime=now"],
+                                  capture_output=True, text=True)
+        if released.returncode == 0 and "BeginTime" not in slurm("squeue", "-h", "-j", started["preempted"], "-o", "%r"):
+            break
+        time.sleep(0.5)
+    # What `--signal=TERM@300` sends before the time limit: SIGTERM to the job's steps.
+    slurm("scancel", "--signal=TERM", started["time_limit"])
+    log = finish(proc, work)
+
+    preempted = (work / "events" / "preempted.log").read_text().splitlines()
+    job = started["preempted"]
+    assert preempted == [f"{job} started", f"{job} signal {signal.SIGTERM.value}: state saved", f"{job} resumed"]
+    record = jobs_of(job)[job]
+    assert (record["Requeue"], record["Restarts"], record["JobState"]) == ("1", "1", "COMPLETED")
+
+    time_limited = (work / "events" / "time_limit.log").read_text().splitlines()
+    first = started["time_limit"]
+    assert time_limited[:2] == [f"{first} started", f"{first} signal {signal.SIGTERM.value}: state saved"]
+    retry, event = time_limited[2].split(" ", 1)
+    assert event == "resumed" and retry != first and len(time_limited) == 3
+    assert jobs_of(first)[first]["JobState"] == "FAILED"
+
+    calls = sbatch_calls(log)
+    assert len(calls) == 3  # two jobs and one retry
+    for call in calls:
+        assert " --requeue" in call and f" {profile['default-resources']['slurm_extra']}" in call, call
+
+
+def test_all_tables_runs_every_job_on_slurm(slurm_cluster: Cluster, tiny_params: dict[str, Any],
+                                            write_params: Callable[..., Path], tmp_path: Path) -> None:
+    work = copy_workflow(tmp_path)
+    params = tiny_params
+    params["runs"] = RUNS
+    write_params(params)
+    profile = render_profile(tmp_path / "profile-ci")
+    started = time.monotonic()
+    log = finish(snakemake(work, tmp_path / "profile-ci", ["all_tables"], PIPELINE_LIMIT_S), work)
+    print(f"all_tables on SLURM: {time.monotonic() - started:.0f} s")
+
+    name = params["dataset"]["name"]
+    for table in params["tables"]:
+        for ext in ("md", "csv", "tex"):
+            assert (work / "results" / "tables" / f"{name}_{table}.{ext}").stat().st_size > 0
+
+    # Every planned job but the target rule ran as a SLURM job, once.
+    planned = planned_jobs(log)
+    local = set(re.findall(r"^localrule (\w+):", log, flags=re.M))
+    assert local == {"all_tables"}, local
+    submitted = submissions(log)
+    assert Counter(submitted.values()) == planned - Counter({"all_tables": planned["all_tables"]})
+    for jobid, rule in submitted.items():
+        slurm_log = next(work.glob(f".snakemake/slurm_logs/rule_{rule}/**/{jobid}.log"))
+        assert f"rule {rule}:" in slurm_log.read_text(), slurm_log
+
+    # ... and SLURM knows exactly these jobs, all completed, under this run's job name.
+    names = {line.split("|")[1] for line in slurm("squeue", "--states=all", "-h", "-o", "%i|%j").splitlines()
+             if line.split("|")[0] in submitted}
+    assert len(names) == 1, names
+    squeue = slurm("squeue", "--states=all", "-h", f"--name={names.pop()}", "-o", "%i|%k|%P|%T|%b|%M").splitlines()
+    print("squeue:\n" + "\n".join(squeue))
+    assert {line.split("|")[0] for line in squeue} == set(submitted)
+    assert all(line.split("|")[3] == "COMPLETED" for line in squeue), squeue
+
+    # Each job got what the profile asks for its rule.
+    records = jobs_of(*submitted)
+    controller_log = slurm_cluster.log()
+    for jobid, rule in submitted.items():
+        job, wants = records[jobid], rule_resources(profile, rule)
+        summary = f"{rule} (job {jobid}): {job}"
+        assert (job["JobState"], job["ExitCode"], job["Requeue"]) == ("COMPLETED", "0:0", "1"), summary
+        assert job["Partition"] == CLUSTER["partition"], summary
+        assert minutes(job["TimeLimit"]) == wants["runtime"], summary
+        assert megabytes(job["MinMemoryNode"]) == pytest.approx(wants["mem_mb"], rel=1e-3), summary
+        if wants.get("gpu"):  # asked for (TresPerJob) and allocated (JOB_GRES)
+            gpus = f"gpu:{CLUSTER['gpu_model']}:{wants['gpu']}"
+            assert (job["TresPerJob"], job["JOB_GRES"]) == (f"gres:{gpus}", gpus), summary
+            assert int(job["NumCPUs"]) == wants["gpu"] * wants["cpus_per_gpu"], summary
+        else:
+            assert "TresPerJob" not in job and job["JOB_GRES"] == "(null)", summary
+            assert int(job["NumCPUs"]) == max(wants["cpus_per_task"], 1), summary
+        assert f"sched: Allocate JobId={jobid} " in controller_log, summary
+        assert f"_job_complete: JobId={jobid} WEXITSTATUS 0" in controller_log, summary
+
+    calls = sbatch_calls(log)
+    assert len(calls) == len(submitted)
+    for call in calls:
+        assert " --requeue" in call and f" {profile['default-resources']['slurm_extra']}" in call, call
+
+
+def test_stopping_the_cluster_leaves_no_daemon(slurm_cluster: Cluster) -> None:
+    proc = slurm_cluster.stop()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(proc.stdout)
+    left = {pid: name for pid, name in daemon_pids().items() if pid not in slurm_cluster.preexisting}
+    assert not left, f"still running after stop_cluster.sh: {left}"
+    assert not any(os.path.realpath(f"/etc/slurm/{conf}").startswith(str(slurm_cluster.state))
+                   for conf in ("slurm.conf", "gres.conf"))
