@@ -13,7 +13,6 @@ import pytest
 from conftest_rewards import REPO, coco_raw, official_scorer
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
-from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
@@ -41,9 +40,7 @@ def test_scores_equal_direct_pycocoevalcap(sample):
     bleu, bleu_per = Bleu(4).compute_score(gts, res, verbose=0)
     rouge, _ = Rouge().compute_score(gts, res)
     cider, cider_per = Cider().compute_score(gts, res)
-    meteor_scorer = Meteor()
-    meteor, _ = meteor_scorer.compute_score(gts, res)
-    del meteor_scorer
+    meteor, _ = official_scorer().meteor(gts, res)  # pycocoevalcap's Meteor, on the direct tokenisation
     expected = {f"BLEU-{n + 1}": bleu[n] for n in range(4)}
     expected.update({"METEOR": meteor, "ROUGE-L": rouge, "CIDEr-D": cider})
     assert out["corpus"].keys() == expected.keys()
@@ -106,3 +103,15 @@ def test_meteor_process_is_stopped_at_interpreter_exit():
     assert verdict == "stopped"
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)
+
+
+def test_a_dead_meteor_jvm_is_an_error_then_restarted():
+    scorer = official_scorer()
+    gts, res = {1: ["a dog runs on the grass"]}, {1: ["a dog runs"]}
+    first, _ = scorer.meteor(gts, res)
+    process = scorer._meteor.meteor_p
+    process.kill()
+    process.wait()
+    with pytest.raises(CaprlError, match="METEOR's Java process failed"):
+        scorer.meteor(gts, res)
+    assert scorer.meteor(gts, res)[0] == first and scorer._meteor.meteor_p is not process

@@ -31,6 +31,29 @@ class Samples:
         return self.tokens[:, -1]
 
 
+@dataclass
+class Noise:
+    """Sampling noise that depends only on (seed, step, call, global row).
+
+    A batch split over several processes (DDP) draws, for its rows, exactly the noise one
+    process would draw for the whole batch, so both sample the same captions. The image
+    block this process holds is ``[offset, offset + its images)`` of ``total`` images.
+    """
+
+    seed: int
+    step: int
+    total: int
+    offset: int = 0
+    calls: int = 0
+
+    def gumbel(self, t: int, rows: int, per_image: int, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(hash((self.seed, self.step, self.calls, t)) % (2**63))
+        u = torch.rand(self.total * per_image, *shape, generator=gen)
+        start = self.offset * per_image
+        u = u[start : start + rows].to(device)
+        return -torch.log(-torch.log(u.clamp(1e-20, 1.0)).clamp(min=1e-20))
+
+
 def expand(ctx: Batch, n: int) -> Batch:
     """Repeat every image's context ``n`` times (image-major: rows i*n .. i*n+n-1)."""
     return ctx if n == 1 else map_batch(lambda t: t.repeat_interleave(n, dim=0), ctx)
@@ -43,8 +66,13 @@ def sample(
     n: int = 1,
     greedy: bool = False,
     temperature: float = 1.0,
+    noise: Noise | None = None,
 ) -> Samples:
-    """``n`` captions per image from every stage; each stage reads its own previous word."""
+    """``n`` captions per image from every stage; each stage reads its own previous word.
+
+    Sampling draws from the global torch RNG, or, given ``noise``, by Gumbel-max with
+    noise that is a function of the global row (see :class:`Noise`).
+    """
     ctx = expand(ctx, n)
     state = model.init_state(ctx)
     first = next(t for t in _tensors(ctx))
@@ -52,12 +80,14 @@ def sample(
     prev = torch.zeros(rows, stages, dtype=torch.long, device=first.device)
     finished = torch.zeros(rows, stages, dtype=torch.bool, device=first.device)
     tokens, logprobs, masks, attentions = [], [], [], []
-    for _ in range(max_length):
+    for t in range(max_length):
         out = model.step(prev, ctx, state)
         state = out.state
         scaled = out.logprobs if temperature == 1.0 else torch.log_softmax(out.logprobs / temperature, dim=-1)
         if greedy:
             word = scaled.argmax(dim=-1)
+        elif noise is not None:
+            word = (scaled.detach() + noise.gumbel(t, rows, n, tuple(scaled.shape[1:]), scaled.device)).argmax(dim=-1)
         else:
             word = torch.multinomial(scaled.detach().exp().view(rows * stages, -1), 1).view(rows, stages)
         word = word.masked_fill(finished, 0)
@@ -70,6 +100,8 @@ def sample(
         prev = word
         if bool(finished.all()):
             break
+    if noise is not None and not greedy:
+        noise.calls += 1
     return Samples(
         tokens=_pad(torch.stack(tokens, dim=2), max_length),
         logprobs=_pad(torch.stack(logprobs, dim=2), max_length),

@@ -36,11 +36,14 @@ class Tracker:
     """A best-effort MLflow run: ``with Tracker(...) as t: t.log_metrics(...)``."""
 
     def __init__(self, experiment: str, run_name: str, tags: dict[str, str] | None = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, enabled: bool = True) -> None:
         self.experiment, self.run_name, self.tags, self.run_id = experiment, run_name, tags or {}, run_id
+        self.enabled = enabled  # False in DDP processes other than 0: one MLflow run per job
         self._client: Any = None
 
     def __enter__(self) -> "Tracker":
+        if not self.enabled:
+            return self
         try:
             self._start()
         except Exception as exc:  # MLflow must never stop a job; say so once

@@ -12,6 +12,7 @@ is downloaded.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import logging
@@ -107,6 +108,8 @@ class OfficialScorer:
         try:
             score, scores = meteor.compute_score(dict(gts), dict(res))
         except (OSError, ValueError) as exc:  # the JVM died: its pipe broke or answered nothing
+            if meteor.lock.locked():  # pycocoevalcap does not release its lock on errors
+                meteor.lock.release()
             self.close()
             raise CaprlError(f"METEOR's Java process failed ({exc}); it will be restarted on the next call") from exc
         return float(score), [float(s) for s in scores]
@@ -116,12 +119,18 @@ class OfficialScorer:
         with self._lock:
             meteor, self._meteor = self._meteor, None
         if meteor is not None:
-            with meteor.lock:
+            held = meteor.lock.acquire(timeout=10)  # let a running call finish, but never hang here
+            try:
                 proc = meteor.meteor_p
-                if proc.stdin:
-                    proc.stdin.close()
                 proc.kill()
                 proc.wait()
+                for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                    if pipe:
+                        with contextlib.suppress(OSError):  # unflushed input to a dead process
+                            pipe.close()
+            finally:
+                if held:
+                    meteor.lock.release()
 
     def __enter__(self) -> OfficialScorer:
         return self

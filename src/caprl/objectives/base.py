@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 import numpy as np
 import torch
 
+from caprl.decoding import Noise
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 
@@ -30,6 +31,11 @@ class Batch:
     regions: torch.Tensor
     labels: torch.Tensor
     label_image: torch.Tensor
+    noise: Noise | None = None  # sampling noise of this step (see caprl.decoding.Noise)
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(self.image_ids, self.pooled.to(device), self.regions.to(device), self.labels.to(device),
+                     self.label_image.to(device), self.noise)
 
 
 class RewardFn(Protocol):
@@ -43,6 +49,8 @@ class ObjectiveEnv:
     decode_words: Callable[[torch.Tensor], list[list[str]]]  # [N, T] token ids -> words
     reward: Callable[[str], RewardFn]  # reward by registry name, built once and cached
     max_length: int
+    global_sum: Callable[[torch.Tensor], torch.Tensor] = lambda x: x  # sum over DDP processes
+    world_size: int = 1
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,6 +75,13 @@ class Objective:
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
+    def mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Masked mean over the GLOBAL batch: with DDP (gradients averaged over processes)
+        each process divides its sum by the global count, so the gradient is exactly the
+        one-process gradient whatever the split."""
+        count = self.env.global_sum(mask.sum().detach()).clamp(min=1.0)
+        return (values * mask).sum() * self.env.world_size / count
+
 
 O = TypeVar("O", bound=type[Objective])
 OBJECTIVES: dict[str, type[Objective]] = {}
@@ -87,7 +102,3 @@ def build_objective(name: str, options: dict[str, Any], env: ObjectiveEnv) -> Ob
     if name not in OBJECTIVES:
         raise CaprlError(f"unknown objective '{name}'; registered: {', '.join(sorted(OBJECTIVES))}")
     return OBJECTIVES[name](options, env)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)

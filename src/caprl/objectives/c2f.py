@@ -23,7 +23,7 @@ import torch
 from caprl import decoding
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, Objective, masked_mean, register_objective
+from caprl.objectives.base import Batch, Objective, register_objective
 
 
 def c2f_advantages(r_sample: np.ndarray, r_greedy: np.ndarray) -> np.ndarray:
@@ -64,7 +64,7 @@ class CoarseToFineRL(Objective):
         advantage = torch.as_tensor(c2f_advantages(r_sample, np.repeat(r_greedy, n, axis=1)),
                                     dtype=samples.logprobs.dtype, device=samples.logprobs.device)
         loss = -torch.stack([
-            masked_mean(advantage[s - 1].unsqueeze(1) * samples.logprobs[:, s], samples.mask[:, s])
+            self.mean(advantage[s - 1].unsqueeze(1) * samples.logprobs[:, s], samples.mask[:, s])
             for s in range(1, stages)
         ]).sum()
         metrics = {"reward_sample": float(r_sample[-1].mean()), "reward_greedy": float(r_greedy[-1].mean())}

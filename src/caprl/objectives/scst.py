@@ -10,7 +10,7 @@ import torch
 
 from caprl import decoding
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, Objective, masked_mean, register_objective
+from caprl.objectives.base import Batch, Objective, register_objective
 
 
 @register_objective("scst")
@@ -26,11 +26,12 @@ class SelfCritical(Objective):
             greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
         model.train()
         samples = decoding.sample(
-            model, ctx, self.env.max_length, n=n, temperature=float(self.options.get("temperature", 1.0))
+            model, ctx, self.env.max_length, n=n, temperature=float(self.options.get("temperature", 1.0)),
+            noise=batch.noise,
         )
         ids = batch.image_ids
         r_greedy = reward(ids, self.env.decode_words(greedy.last_stage()))
         r_sample = reward([i for i in ids for _ in range(n)], self.env.decode_words(samples.last_stage()))
         advantage = torch.as_tensor(r_sample - r_greedy.repeat(n), dtype=samples.logprobs.dtype)
-        loss = -masked_mean(advantage.unsqueeze(1) * samples.logprobs[:, -1], samples.mask[:, -1])
+        loss = -self.mean(advantage.unsqueeze(1) * samples.logprobs[:, -1], samples.mask[:, -1])
         return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean())}

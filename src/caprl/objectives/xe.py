@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, Objective, masked_mean, register_objective
+from caprl.objectives.base import Batch, Objective, register_objective
 
 
 def token_mask(labels: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,7 @@ class CrossEntropy(Objective):
         targets = gold_targets(batch.labels)
         mask = token_mask(batch.labels)
         nll = -logprobs.gather(-1, targets[:, None, :, None].expand(-1, logprobs.shape[1], -1, 1)).squeeze(-1)
-        per_stage = torch.stack([masked_mean(nll[:, s], mask) for s in range(nll.shape[1])])
+        per_stage = torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
         metrics = {f"xe_stage{s}": float(v) for s, v in enumerate(per_stage.detach())} if len(per_stage) > 1 else {}
         metrics["xe"] = float(per_stage[-1].detach())
         return per_stage.sum(), metrics

@@ -24,6 +24,7 @@ from caprl.models import CaptionModel
 from caprl.objectives import Objective
 from caprl.training import checkpoint
 from caprl.training.data import CaptionData
+from caprl.training.distributed import Dist
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,18 @@ class StopFlag:
         self.signum = signum
 
 
+class LossModule(torch.nn.Module):
+    """The objective's loss as a module's forward, so DistributedDataParallel can wrap it
+    (objectives drive the model through its decoding methods, not through ``forward``)."""
+
+    def __init__(self, model: CaptionModel, objective: Objective) -> None:
+        super().__init__()
+        self.model, self.objective = model, objective
+
+    def forward(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.objective.loss(self.model, batch)
+
+
 def epoch_order(image_ids: list[int], seed: int, epoch: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
     return [image_ids[i] for i in torch.randperm(len(image_ids), generator=gen).tolist()]
@@ -84,8 +97,10 @@ class Trainer:
         state_dir: Path,
         model_meta: dict[str, Any],
         tracker: Any,
+        dist: Dist | None = None,
     ) -> None:
-        self.model, self.objective, self.data, self.config = model, objective, data, config
+        self.dist = dist or Dist()
+        self.model, self.objective, self.data, self.config = model.to(self.dist.device), objective, data, config
         self.validate = validate
         self.state_dir = Path(state_dir)
         self.meta = model_meta
@@ -93,6 +108,12 @@ class Trainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
         self.pos = Position()
         self.stop = StopFlag()
+        self.loss_fn: torch.nn.Module = LossModule(self.model, objective)
+        if self.dist.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            self.loss_fn = DistributedDataParallel(self.loss_fn, device_ids=ids, find_unused_parameters=True)
 
     # --- state -------------------------------------------------------------------------
     def _payload(self, with_optimizer: bool) -> dict[str, Any]:
@@ -102,12 +123,16 @@ class Trainer:
                        best_score=self.pos.best_score, history=self.pos.history)
         if with_optimizer:
             payload["optimizer_state"] = self.optimizer.state_dict()
-            payload["rng_torch"] = torch.get_rng_state()
+            payload["rng_torch"] = self.dist.gather(torch.get_rng_state())  # one state per process
             payload["mlflow_run_id"] = getattr(self.tracker, "run_id", None) or ""
         return payload
 
     def save_state(self) -> None:
-        checkpoint.save(self.state_dir / "last.pt", self._payload(with_optimizer=True))
+        """Every process calls this (the RNG states are gathered); process 0 writes."""
+        payload = self._payload(with_optimizer=True)
+        if self.dist.main:
+            checkpoint.save(self.state_dir / "last.pt", payload)
+        self.dist.barrier()
 
     def resume(self) -> bool:
         """Load ``last.pt`` if this run left one; True if it did."""
@@ -120,7 +145,12 @@ class Trainer:
             return False
         self.model.load_state_dict(state["model_state"])
         self.optimizer.load_state_dict(state["optimizer_state"])
-        torch.set_rng_state(state["rng_torch"])
+        rng = state["rng_torch"]
+        if len(rng) == self.dist.world:
+            torch.set_rng_state(rng[self.dist.rank])
+        else:  # resumed with another number of processes: dropout streams cannot continue
+            log.warning("state saved by %d processes, resuming with %d: re-seeding dropout", len(rng), self.dist.world)
+            torch.manual_seed(self.config.seed + 1000 * self.dist.rank + state["step"])
         self.pos = Position(state["epoch"], state["batch"], state["step"], state["best_score"], list(state["history"]))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.pos.epoch, self.pos.batch, self.pos.step)
         return True
@@ -134,7 +164,7 @@ class Trainer:
             order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
             started, losses = time.time(), []
             bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
-                       leave=False, mininterval=2.0)
+                       leave=False, mininterval=2.0, disable=not self.dist.main)
             while self.pos.batch < n_batches:
                 ids = order[self.pos.batch * cfg.batch_size : (self.pos.batch + 1) * cfg.batch_size]
                 metrics = self._step(ids)
@@ -144,37 +174,42 @@ class Trainer:
                 bar.update(1)
                 if self.pos.step % cfg.log_every == 0:
                     self.tracker.log_metrics({f"train/{k}": v for k, v in metrics.items()}, step=self.pos.step)
-                if self.stop.signum is not None:
+                if self.dist.any(self.stop.signum is not None):
                     self.save_state()
-                    raise Preempted(128 + self.stop.signum)
+                    raise Preempted(128 + (self.stop.signum or signal.SIGTERM))
                 if self.pos.step % cfg.checkpoint_every == 0:
                     self.save_state()
             bar.close()
-            self._end_epoch(float(np.mean(losses)) if losses else float("nan"), time.time() - started)
+            self._end_epoch(losses, time.time() - started)
         return self.pos
 
     def _step(self, image_ids: list[int]) -> dict[str, float]:
+        """One optimiser step on a global batch; each process takes its block of images."""
         self.model.train()
-        batch = self.data.batch(image_ids)
-        loss, metrics = self.objective.loss(self.model, batch)
+        local, offset = self.dist.shard(image_ids)
+        batch = self.data.batch(local).to(self.dist.device)
+        batch.noise = decoding.Noise(self.config.seed, self.pos.step, total=len(image_ids), offset=offset)
+        loss, metrics = self.loss_fn(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
-        return {"loss": float(loss.detach()), **metrics}
+        return self.dist.mean_metrics({"loss": float(loss.detach()), **metrics})
 
-    def _end_epoch(self, train_loss: float, seconds: float) -> None:
-        val = self.validate(self.model)
+    def _end_epoch(self, losses: list[float], seconds: float) -> None:
+        val = self.validate(self.model)  # every process computes it (same weights, same number)
         score = val["CIDEr-D"]
+        train_loss = float(np.mean(losses)) if losses else float("nan")
         record = {"epoch": self.pos.epoch + 1, "step": self.pos.step, "train_loss": train_loss,
-                  "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
+                  "step_losses": losses, "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
         self.pos.history.append(record)
         self.tracker.log_metrics({"val/CIDEr-D": score, "train/epoch_loss": train_loss}, step=self.pos.step)
         log.info("epoch %d: train loss %.4f, val CIDEr-D %.4f (%.1fs)", self.pos.epoch + 1, train_loss, score, seconds)
         if score > self.pos.best_score:
             self.pos.best_score = score
-            checkpoint.save(self.state_dir / "best.pt", self._payload(with_optimizer=False))
+            if self.dist.main:
+                checkpoint.save(self.state_dir / "best.pt", self._payload(with_optimizer=False))
         self.pos.epoch += 1
         self.pos.batch = 0
         self.save_state()
@@ -184,11 +219,12 @@ def greedy_captions(model: CaptionModel, data: CaptionData, image_ids: list[int]
                     batch_size: int = 100) -> dict[int, list[str]]:
     """Greedy caption (last stage) of every image, as word lists."""
     model.eval()
+    device = next(model.parameters()).device
     out: dict[int, list[str]] = {}
     with torch.no_grad():
         for i in range(0, len(image_ids), batch_size):
             ids = image_ids[i : i + batch_size]
-            ctx = model.encode(*data.features_of(ids))
+            ctx = model.encode(*(t.to(device) for t in data.features_of(ids)))
             tokens = decoding.sample(model, ctx, max_length, greedy=True).last_stage()
             out.update(zip(ids, data.decode(tokens)))
     return out

@@ -24,8 +24,9 @@ from caprl.objectives import ObjectiveEnv, build_objective
 from caprl.rewards import build_reward, compute_document_frequencies, load_document_frequencies
 from caprl.seeding import seed_everything
 from caprl.tracking import Tracker
-from caprl.training import checkpoint
+from caprl.training import checkpoint, distributed
 from caprl.training.data import CaptionData, DataPaths
+from caprl.training.distributed import Dist
 from caprl.training.loop import LoopConfig, Trainer, greedy_captions
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,9 @@ def make_validator(data: CaptionData, max_length: int) -> Any:
 
 
 def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: str, init: str | None,
-          state_dir: Path) -> tuple[Path, list[dict[str, Any]]]:
+          state_dir: Path, dist: Dist | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Train ``run``; returns the path of the best state and the per-epoch history."""
+    dist = dist or Dist()
     spec = params_mod.run_spec(params, run)
     if spec["model"] not in params["models"]:
         raise CaprlError(f"runs.{run}.model: '{spec['model']}' is not defined under models: in params.yaml")
@@ -76,7 +78,7 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
         raise CaprlError(f"runs.{run}.objective: '{spec['objective']}' is not defined under objectives: in params.yaml")
     if spec["init"] is not None and init is None:
         raise CaprlError(f"run '{run}' starts from run '{spec['init']}': pass its checkpoint with --init")
-    seed_everything(params["seed"])
+    seed_everything(params["seed"] + 1000 * dist.rank)  # dropout streams differ per process
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     model_params = dict(params["models"][spec["model"]])
     arch = model_params.pop("arch")
@@ -95,7 +97,8 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
             rewards[name] = build_reward(name, train_refs, df)
         return rewards[name]
 
-    env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=params["decode"]["max_length"])
+    env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=params["decode"]["max_length"],
+                       global_sum=dist.sum, world_size=dist.world)
     objective = build_objective(spec["objective"], objective_options, env)
     t = params["train"]
     loop = LoopConfig(epochs=objective_options["epochs"], lr=objective_options["lr"], batch_size=t["batch_size"],
@@ -114,8 +117,10 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
         run_id = checkpoint.load(previous).get("mlflow_run_id") or None
     with Tracker(experiment, f"{params['dataset']['name']}/{run}/train",
                  tags={"stage": "train", "dataset": params["dataset"]["name"], "run": run,
-                       "model": spec["model"], "objective": spec["objective"]}, run_id=run_id) as tracker:
-        trainer = Trainer(model, objective, data, loop, make_validator(data, loop.max_length), state_dir, meta, tracker)
+                       "model": spec["model"], "objective": spec["objective"]}, run_id=run_id,
+                 enabled=dist.main) as tracker:
+        trainer = Trainer(model, objective, data, loop, make_validator(data, loop.max_length), state_dir, meta,
+                          tracker, dist)
         if not trainer.resume():
             tracker.log_params({"run": spec, "model": params["models"][spec["model"]],
                                 "objective": objective_options, "train": t, "seed": params["seed"],
@@ -127,9 +132,24 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
+    world = params["train"]["gpus"]
+    if world > 1 and not distributed.launched():
+        distributed.spawn(world, run_process, args)  # torchrun / srun launch the processes themselves
+    else:
+        run_process(args)
+
+
+def run_process(args: argparse.Namespace) -> None:
+    """One training process (of one, or of a DDP group); process 0 writes the outputs."""
+    params = params_mod.load(args.params)
+    dist = distributed.from_environment()
+    if dist.world != params["train"]["gpus"]:
+        log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
     data = CaptionData(DataPaths(args.annotations, args.vocab, args.labels, args.features))
     state_dir = Path(args.state_dir)
-    best, history = train(params, args.run, data, args.cider_df, args.init, state_dir)
+    best, history = train(params, args.run, data, args.cider_df, args.init, state_dir, dist)
+    if not dist.main:
+        return
     with io.atomic_path(args.checkpoint) as tmp:
         shutil.copyfile(best, tmp)
     io.write_json(args.history, {"run": args.run, "epochs": history})
