@@ -47,8 +47,13 @@ def test_spice_and_spider_refuse_to_build_with_the_reason():
     assert MIXES["spider"] == {"cider_d": 0.5, "spice": 0.5}
 
 
+def test_bcmr_needs_explicit_weights():
+    with pytest.raises(CaprlError, match="needs explicit weights"):
+        build_reward("bcmr", REFS)
+
+
 def test_bcmr_with_meteor_runs_one_jvm_and_closes_it():
-    reward = build_reward("bcmr", REFS)
+    reward = build_reward("bcmr", REFS, weights={"bleu4": 0.5, "cider_d": 1.0, "meteor": 1.0, "rouge_l": 0.5})
     first = reward(IDS, CAPS)
     meteor = reward.components["meteor"]
     process = meteor._scorer._meteor.meteor_p

@@ -255,21 +255,26 @@ def test_preempted_and_time_limited_jobs_resume(slurm_cluster: Cluster, tmp_path
                 started[case] = events.read_text().split()[0]
         time.sleep(0.5)
 
-    # What SLURM does to a pre-empted job with PreemptMode=REQUEUE; a requeued job waits
-    # 120 s before it is eligible again: StartTime=now skips that wait.
-    slurm("scontrol", "requeue", started["preempted"])
-    for _ in range(60):
-        released = subprocess.run(["scontrol", "update", f"JobId={started['preempted']}", "StartTime=now"],
-                                  capture_output=True, text=True)
-        if released.returncode == 0 and "BeginTime" not in slurm("squeue", "-h", "-j", started["preempted"], "-o", "%r"):
-            break
-        time.sleep(0.5)
     # What `--signal=TERM@300` sends before the time limit: SIGTERM to the job's steps.
     slurm("scancel", "--signal=TERM", started["time_limit"])
+    # What SLURM does to a pre-empted job with PreemptMode=REQUEUE. A requeued job is held
+    # for 120 s once it is pending again: StartTime=now releases it.
+    job = started["preempted"]
+    slurm("scontrol", "requeue", job)
+    deadline = time.monotonic() + 60
+
+    def state() -> str:
+        assert time.monotonic() < deadline, slurm("squeue", "-h", "-j", job, "-o", "%T %r")
+        time.sleep(0.3)
+        return slurm("squeue", "-h", "-j", job, "-o", "%T").strip()
+
+    while state() != "PENDING":  # the old run ends first
+        pass
+    while state() == "PENDING":
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
     log = finish(proc, work)
 
     preempted = (work / "events" / "preempted.log").read_text().splitlines()
-    job = started["preempted"]
     assert preempted == [f"{job} started", f"{job} signal {signal.SIGTERM.value}: state saved", f"{job} resumed"]
     record = jobs_of(job)[job]
     assert (record["Requeue"], record["Restarts"], record["JobState"]) == ("1", "1", "COMPLETED")

@@ -26,12 +26,13 @@ from caprl.rewards.references import ReferenceSet
 References = Mapping[int, Sequence[Sequence[str]]]
 
 # Mixes: name -> {component: weight}. SPIDEr = (CIDEr-D + SPICE) / 2 (PG-SPIDEr). BCMR mixes
-# BLEU-4, CIDEr-D, METEOR and ROUGE-L; the shared PG-SPIDEr summary gives no weights, so
-# they are equal here; pass weights={...} (from params.yaml) to use others.
-MIXES: dict[str, dict[str, float]] = {
+# BLEU-4, CIDEr-D, METEOR and ROUGE-L with weights the shared PG-SPIDEr summary does not
+# give: they must be passed (weights={...}, from params.yaml); no number is made up here.
+MIXES: dict[str, dict[str, float] | None] = {
     "spider": {"cider_d": 0.5, "spice": 0.5},
-    "bcmr": {"bleu4": 0.25, "cider_d": 0.25, "meteor": 0.25, "rouge_l": 0.25},
+    "bcmr": None,
 }
+MIX_COMPONENTS: dict[str, tuple[str, ...]] = {"bcmr": ("bleu4", "cider_d", "meteor", "rouge_l")}
 
 
 class _Context:
@@ -194,7 +195,13 @@ def build_reward(
 
 def _build(name: str, context: _Context, options: dict[str, Any]) -> Reward:
     if name in MIXES:
-        weights = dict(options.pop("weights", None) or MIXES[name])
+        given = options.pop("weights", None) or MIXES[name]
+        if given is None:
+            raise CaprlError(
+                f"reward '{name}' needs explicit weights for {', '.join(MIX_COMPONENTS[name])} "
+                "(pass weights={component: weight}); the PG-SPIDEr summary gives none"
+            )
+        weights = dict(given)
         unknown = [k for k in weights if k not in FACTORIES]
         if unknown:
             raise CaprlError(f"reward '{name}': unknown component(s) {', '.join(unknown)}")
