@@ -16,6 +16,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/figures.smk"
 include: "workflow/rules/tables.smk"
 
 

@@ -21,10 +21,12 @@ TINY: dict[str, Any] = {
     "synthetic": {"n_train": 80, "n_val": 16, "n_test": 16, "image_size": 32, "max_objects": 2},
     "vocab": {"min_count": 2},
     "features": {"batch_size": 16},
-    "models": {"fc": {"embed_size": 16, "hidden_size": 24}, "topdown": {"embed_size": 16, "hidden_size": 24,
-                                                                        "att_hidden_size": 16}},
-    "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}},
+    "models": {name: {"embed_size": 16, "hidden_size": 24, **({"att_hidden_size": 16} if att else {})}
+               for name, att in [("fc", False), ("topdown", True), ("lstm3", False), ("softatt", True),
+                                 ("stackcap_star", True), ("stackcap", True)]},
+    "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2}},
     "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
+    "runs": {"xe": {"fc-xe": {"epochs": 2}, "lstm3-xe": {"epochs": 2}}},
     "decode": {"beam_size": 2},
     "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3},
 }

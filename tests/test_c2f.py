@@ -156,3 +156,35 @@ def test_c2f_needs_a_multi_stage_model_and_known_options() -> None:
         objective.loss(fc, batch)
     with pytest.raises(CaprlError, match="beta"):
         build_objective("c2f", {"lr": 1e-3, "epochs": 1, "beta": 2}, env)
+
+
+def test_a_batch_split_over_two_processes_gives_the_one_process_gradient() -> None:
+    """DDP: two halves (shared sampling noise, global token counts, averaged gradients) = the whole batch."""
+    from caprl.decoding import Noise
+
+    model, batch, env = setup(dropout=0.0)
+    options = {"lr": 1e-3, "epochs": 1, "n_samples": 2, "reward": "length"}
+    counts: list[torch.Tensor] = []
+
+    def record(x: torch.Tensor) -> torch.Tensor:
+        counts.append(x)
+        return x
+
+    whole = Batch(batch.image_ids, batch.pooled, batch.regions, batch.labels, batch.label_image, Noise(3, 7, total=4))
+    env_one = ObjectiveEnv(decode_words=decode, reward=REWARDS.__getitem__, max_length=6, global_sum=record)
+    build_objective("c2f", options, env_one).loss(model, whole)[0].backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    grads = []
+    for offset in (0, 2):
+        replay = iter(counts)
+        env_two = ObjectiveEnv(decode_words=decode, reward=REWARDS.__getitem__, max_length=6,
+                               global_sum=lambda x: next(replay), world_size=2)
+        rows = slice(offset, offset + 2)
+        half = Batch(batch.image_ids[rows], batch.pooled[rows], batch.regions[rows], batch.labels, batch.label_image,
+                     Noise(3, 7, total=4, offset=offset))
+        build_objective("c2f", options, env_two).loss(model, half)[0].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad()
+    for e, g0, g1 in zip(expected, *grads):
+        assert torch.allclose(e, (g0 + g1) / 2, atol=1e-6)

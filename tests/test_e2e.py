@@ -20,7 +20,8 @@ from conftest import REPO, TINY, default_params, merge
 
 pytestmark = pytest.mark.e2e
 
-RUNS = ["fc-xe", "topdown-xe", "fc-scst", "topdown-scst"]
+PARAMS = merge(default_params(), TINY)
+RUNS = list(PARAMS["runs"]["xe"]) + list(PARAMS["runs"]["rl"])
 
 
 def fresh_copy(dst: Path, params: dict[str, Any]) -> Path:
@@ -48,7 +49,7 @@ def metrics(workdir: Path) -> dict[str, dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def snakemake_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = fresh_copy(tmp_path_factory.mktemp("e2e") / "snakemake", merge(default_params(), TINY))
+    work = fresh_copy(tmp_path_factory.mktemp("e2e") / "snakemake", PARAMS)
     run(["snakemake", "--cores", "2", "all_tables"], work)
     return work
 
@@ -56,10 +57,18 @@ def snakemake_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_snakemake_writes_the_tables(snakemake_run: Path) -> None:
     tables = snakemake_run / "results" / "tables"
     md = (tables / "synthetic_main.md").read_text()
-    for row in ("fc (XE)", "fc (SCST)", "topdown (XE)", "topdown (SCST)", "most frequent training caption"):
+    for row in ("fc (XE)", "fc (SCST)", "topdown (XE)", "topdown (SCST)", "stackcap (C2F)",
+                "most frequent training caption"):
         assert row in md
+    for name in ("stackcap_table1", "stackcap_table2"):  # every row filled (no SPICE column here)
+        rows = [line for line in (tables / f"synthetic_{name}.md").read_text().splitlines() if line.startswith("| ")]
+        assert len(rows) == 7 and not any("—" in row for row in rows), rows
+    assert "Stack-Cap (C2F), ours" in (tables / "synthetic_stackcap_table3.md").read_text()
+    figures = sorted((snakemake_run / "results" / "figures" / "synthetic" / "attention").glob("*.png"))
+    assert len(figures) == PARAMS["figures"]["attention_images"]
+    assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
     assert "SPICE: not computed" in md  # reported as unavailable, never a number
-    assert (tables / "synthetic_main.csv").read_text().count("\n") == 6
+    assert (tables / "synthetic_main.csv").read_text().count("\n") == len(RUNS) + 2
     assert "\\begin{tabular}" in (tables / "synthetic_main.tex").read_text()
     scores = metrics(snakemake_run)
     for run_name, values in scores.items():

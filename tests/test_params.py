@@ -58,3 +58,18 @@ def test_snakemake_validates_before_any_job(write_params, tmp_path) -> None:
                           cwd=tmp_path)
     assert proc.returncode != 0
     assert "beam" in proc.stdout + proc.stderr
+
+
+def test_missing_real_data_says_where_and_how(write_params, tmp_path) -> None:
+    params = default_params()
+    params["dataset"].update(name="coco", karpathy_json="data/raw/coco/dataset_coco.json",
+                             image_root="data/raw/coco", synthetic=False)
+    write_params(params)
+    for name in ("Snakefile", "workflow"):
+        (tmp_path / name).symlink_to(REPO / name)
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "all_tables"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "data/raw/coco/dataset_coco.json does not exist" in out and "Karpathy" in out and "README" in out
+    assert not (tmp_path / "data").exists()

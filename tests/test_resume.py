@@ -18,6 +18,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +33,15 @@ from pipeline_data import DatasetPaths, build_dataset, caprl_command
 RESUME = {
     "synthetic": {"n_train": 60},
     "models": {"fc": {"embed_size": 16, "hidden_size": 24, "dropout": 0.1}},  # dropout: XE draws from the RNG too
-    "objectives": {"xe": {"epochs": 3}, "scst": {"epochs": 2, "n_samples": 2}},
     "train": {"batch_size": 20, "checkpoint_every": 2, "log_every": 1, "num_threads": 1},
 }
-N_BATCHES = 3  # 60 training images / 20
-EPOCHS = {"fc-xe": 3, "fc-scst": 2}
-INIT = {"fc-scst": "fc-xe"}
+RUNS = {  # replaces params.yaml's runs: just the two this file trains
+    "xe": {"fc-xe": {"model": "fc", "epochs": 3}},
+    "rl": {"fc-scst": {"model": "fc", "objective": "scst", "init": "fc-xe", "epochs": 2, "n_samples": 2}},
+}
+N_BATCHES = RESUME["synthetic"]["n_train"] // RESUME["train"]["batch_size"]  # 3
+EPOCHS = {run: spec["epochs"] for kind in RUNS.values() for run, spec in kind.items()}
+INIT = {run: spec["init"] for run, spec in RUNS["rl"].items()}
 JOB_TIMEOUT = 180  # seconds, for one train job (~10 s on an idle 2-core machine, mostly imports)
 # Fields that legitimately differ between two runs: wall-clock time, the MLflow run of the job.
 IGNORED = {"seconds", "mlflow_run_id"}
@@ -86,9 +90,10 @@ class Setup:
 
 
 # --- jobs ---------------------------------------------------------------------------------
-def train_command(setup: Setup | tuple[DatasetPaths, dict[str, RunDirs]], run: str, dirs: RunDirs) -> list[str]:
-    data, reference = (setup.data, setup.reference) if isinstance(setup, Setup) else setup
-    init = ["--init", str(reference[INIT[run]].checkpoint)] if run in INIT else []
+def train_command(setup: Setup, run: str, dirs: RunDirs) -> list[str]:
+    """The workflow's train command; an RL run starts from the reference XE run's checkpoint."""
+    data = setup.data
+    init = ["--init", str(setup.reference[INIT[run]].checkpoint)] if run in INIT else []
     return caprl_command("train", data.params, "--log", dirs.log, "--run", run, *data.train_args(), *init,
                          "--checkpoint", dirs.checkpoint, "--history", dirs.history, "--state-dir", dirs.state)
 
@@ -157,7 +162,10 @@ def wait_for(proc: subprocess.Popen[bytes], dirs: RunDirs, trigger: Trigger, att
         except FileNotFoundError:
             key = None
         if key != seen:
-            seen, pos = key, position(dirs.last)
+            try:
+                seen, pos = key, position(dirs.last)
+            except Exception as exc:  # a reader must never see a partial file
+                raise AssertionError(f"{dirs.last} was not a complete checkpoint when read: {exc!r}") from exc
         if trigger(pos, dirs):
             return pos
         time.sleep(0.0005)
@@ -181,7 +189,7 @@ def seeded_trigger(run: str) -> tuple[Trigger, float]:
                     if (e * N_BATCHES + b) % RESUME["train"]["checkpoint_every"] == 0}
                    | {(e, 0) for e in range(1, EPOCHS[run])})
     epoch, batch = rng.choice(saves[:-1])
-    return at(epoch, batch), rng.uniform(0.0, 0.05)
+    return at(epoch, batch), rng.uniform(0.0, 0.02)
 
 
 def resumed_at(dirs: RunDirs) -> list[Pos]:
@@ -259,7 +267,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     root = tmp_path_factory.mktemp("resume")
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    params = merge(merge(default_params(), TINY), RESUME)
+    params = {**merge(merge(default_params(), TINY), RESUME), "runs": RUNS}
     data = build_dataset(root / "work", params, env=env)
     reference = {run: RunDirs(root / "reference" / run) for run in EPOCHS}
     done = Setup(data, env, tracking_uri, reference)
@@ -285,8 +293,7 @@ KILL_POINTS = {
     "xe-after-epoch-end": ("fc-xe", at(1, 0)),          # the epoch-end save: resume at an epoch's start
     "xe-after-last-batch": ("fc-xe", at(1, N_BATCHES)),  # step 6 saved, killed during validation
     "xe-while-saving": ("fc-xe", while_saving),         # SIGKILL while last.pt's temporary is being written
-    "xe-seeded": ("fc-xe", None),                       # seeded choice of save + seeded delay
-    "scst-mid-epoch": ("fc-scst", at(0, 2)),            # RL: sampling draws from the RNG on every step
+    "scst-seeded": ("fc-scst", None),                   # RL; a seeded choice of save and of delay after it
 }
 
 
@@ -363,45 +370,85 @@ def test_signal_saves_the_current_step_and_exits_then_resumes(setup: Setup, tmp_
     assert metric_history(setup, run_id) == metric_history(setup, reference_id)
 
 
+# A writer of real checkpoints for the test below: a fresh interpreter that forks one child per
+# line read (the parent has no threads, so forking is safe); the child saves n+1, n+2, ... with
+# caprl.training.checkpoint.save until it is killed; the parent prints its pid, then reaps it.
+WRITER = """
+import os, sys
+import torch
+from caprl.training import checkpoint
+for line in sys.stdin:
+    n = int(line)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            while True:
+                n += 1
+                checkpoint.save(sys.argv[1], {"step": n, "model_state": {
+                    f"w{i}": torch.full((256, 256), float(n)) for i in range(8)}})
+        finally:
+            os._exit(1)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+    print("reaped", flush=True)
+"""
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
 @pytest.mark.timeout(120)
 def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
-    """Kill a writer of real checkpoints (caprl.training.checkpoint.save) mid-write, many times.
+    """SIGKILL a writer of real checkpoints (``caprl.training.checkpoint.save``) mid-write, many times.
 
-    The writer saves payloads of a few MB whose every tensor holds the save's number, so a
-    mixed or truncated file is seen. It is killed only while a temporary exists (mid-write).
+    Each payload (2 MB) has every tensor filled with its save number, so a truncated or mixed
+    file is seen. The writer is frozen (SIGSTOP) at a random moment after its first save and
+    killed; as it does nothing but save, most kills land during a write (seen by the
+    temporary that atomic_path writes beside the target).
     """
     from caprl.training import checkpoint
 
     path, kills, mid_write = tmp_path / "state" / "last.pt", 12, 0
     rng = random.Random(SEED)
-    for attempt in range(kills):
-        pid = os.fork()
-        if pid == 0:  # the writer: saves n, n+1, ... until killed
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        previous = None
+        for attempt in range(kills):
+            base = (attempt + 1) * 1_000_000
+            server.stdin.write(f"{base}\n")
+            server.stdin.flush()
+            pid = int(server.stdout.readline())
             try:
-                n = attempt * 1_000_000
-                while True:
-                    n += 1
-                    checkpoint.save(path, {"step": n, "model_state": {f"w{i}": torch.full((256, 256), float(n))
-                                                                      for i in range(8)}})
+                deadline = time.monotonic() + 60
+                while not path.exists() or _identity(path) == previous:  # this writer's first save
+                    assert time.monotonic() < deadline, "the writer never saved"
+                    time.sleep(0.0002)
+                time.sleep(rng.uniform(0.0, 0.01))
+                os.kill(pid, signal.SIGSTOP)  # freeze, then see whether it is mid-write
+                mid_write += bool(temp_files(path.parent))
             finally:
-                os._exit(1)
+                os.kill(pid, signal.SIGKILL)
+                assert server.stdout.readline().strip() == "reaped"
+            previous = _identity(path)
+            payload = checkpoint.load(path)  # CaprlError if the kill left it truncated
+            assert payload["step"] > base
+            assert all(bool((t == payload["step"]).all()) for t in payload["model_state"].values()), \
+                f"{path} mixes saves: {sorted({float(t.flatten()[0]) for t in payload['model_state'].values()})}"
+            assert [p.name for p in path.parent.iterdir() if p.suffix == ".pt"] == ["last.pt"]
+            for leftover in temp_files(path.parent):  # a killed writer cannot remove its temporary
+                leftover.unlink()
+    finally:
+        server.stdin.close()
         try:
-            deadline = time.monotonic() + 30
-            while not temp_files(path.parent) or not path.exists():
-                assert time.monotonic() < deadline, "the writer never started a save"
-                time.sleep(0.0001)
-            time.sleep(rng.uniform(0.0, 0.002))
-            os.kill(pid, signal.SIGSTOP)  # freeze, then see whether it is mid-write
-            mid_write += bool(temp_files(path.parent))
-            os.kill(pid, signal.SIGKILL)
+            server.wait(timeout=30)
         finally:
-            os.waitpid(pid, 0)
-        payload = checkpoint.load(path)
-        values = {float(t.flatten()[0]) for t in payload["model_state"].values()}
-        assert all(bool((t == payload["step"]).all()) for t in payload["model_state"].values()), values
-        for leftover in temp_files(path.parent):  # a killed writer cannot remove its temporary
-            leftover.unlink()
-    assert mid_write >= kills // 2, f"only {mid_write} of {kills} kills landed during a write"
+            stop(server)  # type: ignore[arg-type]
+    assert mid_write >= kills // 3, f"only {mid_write} of {kills} kills landed during a write"
 
 
 @pytest.mark.timeout(120)
@@ -432,6 +479,7 @@ def test_resumed_epoch_train_loss_counts_every_batch_of_the_epoch(setup: Setup, 
         metrics = real_step(self, image_ids)
         calls += 1
         if calls == stop_after:
+            assert callable(signal.getsignal(signal.SIGTERM)), "fit() installed no SIGTERM handler"
             os.kill(os.getpid(), signal.SIGTERM)  # the trainer's own handler catches it
         return metrics
 

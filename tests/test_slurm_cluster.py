@@ -69,7 +69,7 @@ class Cluster:
     preexisting: dict[int, str]   # daemons that ran before the cluster started: not ours
 
     def stop(self) -> subprocess.CompletedProcess:
-        return subprocess.run([str(SLURM_DIR / "stop_cluster.sh"), str(self.state)],
+        return subprocess.run(["bash", str(SLURM_DIR / "stop_cluster.sh"), str(self.state)],
                               capture_output=True, text=True, timeout=120)
 
     def log(self) -> str:
@@ -88,16 +88,16 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
         pytest.skip("needs root: tests/slurm/start_cluster.sh installs SLURM with apt-get and starts its daemons")
     cluster = Cluster(tmp_path_factory.mktemp("slurm-cluster"), daemon_pids())
     started = time.monotonic()
-    proc = subprocess.run([str(SLURM_DIR / "start_cluster.sh"), str(cluster.state)],
-                          capture_output=True, text=True, timeout=600, env=cluster_env())
-    if proc.returncode != 0:
+    try:
+        proc = subprocess.run(["bash", str(SLURM_DIR / "start_cluster.sh"), str(cluster.state)],
+                              capture_output=True, text=True, timeout=600, env=cluster_env())
+        if proc.returncode == 3:  # no apt-get, or apt-get could not install the packages
+            pytest.skip(f"no SLURM cluster: {proc.stderr.strip()}")
+        assert proc.returncode == 0, f"start_cluster.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        print(f"{proc.stdout}cluster started in {time.monotonic() - started:.1f} s")
+        yield cluster
+    finally:
         cluster.stop()
-        if proc.returncode == 3:  # not root, no apt-get, or apt-get could not install
-            pytest.skip(f"no SLURM cluster: {proc.stderr.strip().splitlines()[-1]}")
-        pytest.fail(f"start_cluster.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    print(f"{proc.stdout}cluster started in {time.monotonic() - started:.1f} s")
-    yield cluster
-    cluster.stop()
 
 
 # -- profiles, workflow copies, snakemake ------------------------------------------------
@@ -129,8 +129,8 @@ def snakemake(work: Path, profile_dir: Path, args: list[str], limit_s: int) -> s
     its output goes to work/snakemake.log."""
     cmd = ["timeout", "-s", "INT", str(limit_s), "snakemake", "--profile", str(profile_dir),
            "--profile", str(TEST_PROFILE), "--verbose", *args]
-    out = (work / "snakemake.log").open("w")
-    return subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=cluster_env())
+    with (work / "snakemake.log").open("w") as out:
+        return subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=cluster_env())
 
 
 def finish(proc: subprocess.Popen, work: Path) -> str:
@@ -148,10 +148,12 @@ def slurm(*args: str) -> str:
     return subprocess.run(list(args), capture_output=True, text=True, check=True, timeout=30).stdout
 
 
-def submissions(log: str) -> dict[str, str]:
-    """SLURM job id -> rule, from snakemake's 'has been submitted with SLURM jobid' lines."""
-    found = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", log)
-    return {jobid: re.search(r"slurm_logs/rule_([^/]+)/", path).group(1) for jobid, path in found}
+def submissions(log: str) -> dict[str, tuple[str, str]]:
+    """SLURM job id -> (snakemake job id, rule), from snakemake's 'Job 3 has been submitted
+    with SLURM jobid 14 (log: .../slurm_logs/rule_train/fc-xe/14.log)' lines."""
+    found = re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", log)
+    return {slurm_id: (jobid, re.search(r"slurm_logs/rule_([^/]+)/", path).group(1))
+            for jobid, slurm_id, path in found}
 
 
 def sbatch_calls(log: str) -> list[str]:
@@ -172,12 +174,34 @@ def jobs_of(*jobids: str) -> dict[str, dict[str, str]]:
 def minutes(limit: str) -> int:
     """'2-00:00:00' / '06:00:00' -> minutes."""
     days, _, hms = limit.rpartition("-")
-    h, m, s = (int(x) for x in hms.split(":"))
-    return int(days or 0) * 1440 + h * 60 + m + (s > 0)
+    hours, mins, _ = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 1440 + hours * 60 + mins
 
 
 def megabytes(size: str) -> float:
     return float(size[:-1]) * {"M": 1, "G": 1024, "T": 1024 ** 2}[size[-1]]
+
+
+def scheduled_jobs(log: str) -> dict[str, tuple[str, dict[str, str]]]:
+    """Snakemake job id -> (rule, resources as snakemake resolved them), from the job
+    blocks snakemake prints ('rule train:' ... 'jobid: 3' ... 'resources: a=1, b=2')."""
+    jobs, rule, jobid = {}, None, None
+    for line in log.splitlines():
+        if match := re.match(r"(?:local)?rule (\w+):$", line):
+            rule, jobid = match.group(1), None
+        elif rule and (match := re.match(r"\s+jobid: (\d+)$", line)):
+            jobid = match.group(1)
+        elif rule and jobid and line.strip().startswith("resources: "):
+            pairs = (item.split("=", 1) for item in line.strip().removeprefix("resources: ").split(", "))
+            jobs[jobid] = (rule, dict(pairs))
+            rule = jobid = None
+    return jobs
+
+
+def gpus_wanted(rule: str, params: dict[str, Any]) -> int:
+    """The GPUs a job of this rule should ask for: none but for these rules."""
+    cnn = params["features"]["backbone"] != "patches"
+    return {"train": params["train"]["gpus"], "evaluate": 1, "attention_figure": 1, "features": int(cnn)}.get(rule, 0)
 
 
 def planned_jobs(log: str) -> Counter:
@@ -194,45 +218,36 @@ def planned_jobs(log: str) -> Counter:
 
 # -- the tests ---------------------------------------------------------------------------
 
-def dry_run_resources(work: Path) -> dict[str, str]:
-    """Rule -> its `resources:` line, from `snakemake --profile slurm -n all_tables`."""
-    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "all_tables"], cwd=work,
-                          capture_output=True, text=True, timeout=300, env=cluster_env())
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-5000:]
-    assert "Using profile slurm" in out
-    resources, rule = {}, None
-    for line in out.splitlines():
-        if match := re.match(r"(?:local)?rule (\w+):$", line):
-            rule = match.group(1)
-        elif rule and line.strip().startswith("resources: "):
-            resources[rule], rule = line.strip().removeprefix("resources: "), None
-    return resources
-
-
-@pytest.mark.parametrize("backbone", ["patches", "resnet101"])
+@pytest.mark.parametrize("backbone, train_gpus", [("patches", 1), ("resnet101", 2)])
 def test_the_profile_is_found_by_its_bare_name_from_the_repository_root(
-        backbone: str, tiny_params: dict[str, Any], write_params: Callable[..., Path], tmp_path: Path) -> None:
-    """`snakemake --profile slurm` as the README writes it: the top-level `slurm` link;
-    GPUs only for train/evaluate, and for features only with a CNN backbone."""
+        backbone: str, train_gpus: int, tiny_params: dict[str, Any], write_params: Callable[..., Path],
+        tmp_path: Path) -> None:
+    """`snakemake --profile slurm` as the README writes it (through the top-level `slurm`
+    link): each rule's time, memory and signal; GPUs for train (train.gpus) and evaluate
+    only, and for features only with a CNN backbone."""
     assert os.readlink(REPO / "slurm") == "workflow/profiles/slurm"
     work = copy_workflow(tmp_path)
     (work / "slurm").symlink_to("workflow/profiles/slurm")
     params = tiny_params
     params["features"]["backbone"] = backbone
+    params["train"]["gpus"] = train_gpus
     write_params(params)
-    resources = dry_run_resources(work)
+    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "all_tables"], cwd=work,
+                          capture_output=True, text=True, timeout=300, env=cluster_env())
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "Using profile slurm" in out
 
     profile = yte.process_yaml(PROFILE.read_text(), require_use_yte=True)
-    for rule, line in resources.items():
-        if rule == "all_tables":
-            continue
-        expected = rule_resources(profile, rule)
-        assert f"runtime={expected['runtime']}," in line + ",", (rule, line)
-        assert f"mem_mb={expected['mem_mb']}," in line + ",", (rule, line)
-        assert f"slurm_extra={expected['slurm_extra']}" in line, (rule, line)
-        wants_gpu = "gpu" in expected or (rule == "features" and backbone != "patches")
-        assert ("gpu=1" in line.split(", ")) == wants_gpu, (rule, line)
+    jobs = [job for job in scheduled_jobs(out).values() if job[0] != "all_tables"]
+    assert {rule for rule, _ in jobs} >= {"features", "train", "evaluate", "tables"}
+    for rule, resources in jobs:
+        wants = rule_resources(profile, rule)
+        assert int(resources["runtime"]) == wants["runtime"], (rule, resources)
+        assert int(resources["mem_mb"]) == wants["mem_mb"], (rule, resources)
+        assert resources["slurm_extra"] == wants["slurm_extra"], (rule, resources)
+        gpus, wanted = int(resources.get("gpu", 0)), gpus_wanted(rule, params)
+        assert gpus == wanted, f"{rule} asks for {gpus} GPUs, not {wanted} (its `resources: gpu=`): {resources}"
 
 
 def test_preempted_and_time_limited_jobs_resume(slurm_cluster: Cluster, tmp_path: Path) -> None:
@@ -313,39 +328,48 @@ def test_all_tables_runs_every_job_on_slurm(slurm_cluster: Cluster, tiny_params:
     local = set(re.findall(r"^localrule (\w+):", log, flags=re.M))
     assert local == {"all_tables"}, local
     submitted = submissions(log)
-    assert Counter(submitted.values()) == planned - Counter({"all_tables": planned["all_tables"]})
-    for jobid, rule in submitted.items():
-        slurm_log = next(work.glob(f".snakemake/slurm_logs/rule_{rule}/**/{jobid}.log"))
+    assert Counter(rule for _, rule in submitted.values()) == planned - Counter(all_tables=planned["all_tables"])
+    for slurm_id, (_, rule) in submitted.items():
+        slurm_log = next(work.glob(f".snakemake/slurm_logs/rule_{rule}/**/{slurm_id}.log"))
         assert f"rule {rule}:" in slurm_log.read_text(), slurm_log
 
     # ... and SLURM knows exactly these jobs, all completed, under this run's job name.
     names = {line.split("|")[1] for line in slurm("squeue", "--states=all", "-h", "-o", "%i|%j").splitlines()
              if line.split("|")[0] in submitted}
     assert len(names) == 1, names
-    squeue = slurm("squeue", "--states=all", "-h", f"--name={names.pop()}", "-o", "%i|%k|%P|%T|%b|%M").splitlines()
-    print("squeue:\n" + "\n".join(squeue))
+    squeue = slurm("squeue", "--states=all", "-h", f"--name={names.pop()}", "-o", "%i|%T|%k|%P|%l|%M").splitlines()
+    print("squeue --states=all (id|state|comment|partition|time limit|time used):\n" + "\n".join(squeue))
     assert {line.split("|")[0] for line in squeue} == set(submitted)
-    assert all(line.split("|")[3] == "COMPLETED" for line in squeue), squeue
+    assert all(line.split("|")[1] == "COMPLETED" for line in squeue), squeue
 
-    # Each job got what the profile asks for its rule.
+    # Each job asked for what the profile (and its rule) give it, and SLURM granted it.
     records = jobs_of(*submitted)
+    print("scontrol show job:\n" + "\n".join(
+        " ".join(f"{key}={job.get(key)}" for key in ("JobId", "JobState", "ExitCode", "Requeue", "Partition",
+                                                    "TimeLimit", "MinMemoryNode", "NumCPUs", "TresPerJob",
+                                                    "JOB_GRES", "Comment"))
+        for job in records.values()))
+    scheduled = scheduled_jobs(log)
     controller_log = slurm_cluster.log()
-    for jobid, rule in submitted.items():
-        job, wants = records[jobid], rule_resources(profile, rule)
-        summary = f"{rule} (job {jobid}): {job}"
+    for slurm_id, (jobid, rule) in submitted.items():
+        job, resources, wants = records[slurm_id], scheduled[jobid][1], rule_resources(profile, rule)
+        summary = f"{rule} (SLURM job {slurm_id}): {resources}\n{job}"
+        gpus = int(resources.get("gpu", 0))
+        assert gpus == gpus_wanted(rule, params), summary
         assert (job["JobState"], job["ExitCode"], job["Requeue"]) == ("COMPLETED", "0:0", "1"), summary
         assert job["Partition"] == CLUSTER["partition"], summary
         assert minutes(job["TimeLimit"]) == wants["runtime"], summary
         assert megabytes(job["MinMemoryNode"]) == pytest.approx(wants["mem_mb"], rel=1e-3), summary
-        if wants.get("gpu"):  # asked for (TresPerJob) and allocated (JOB_GRES)
-            gpus = f"gpu:{CLUSTER['gpu_model']}:{wants['gpu']}"
-            assert (job["TresPerJob"], job["JOB_GRES"]) == (f"gres:{gpus}", gpus), summary
-            assert int(job["NumCPUs"]) == wants["gpu"] * wants["cpus_per_gpu"], summary
+        if gpus:  # asked for (TresPerJob), then allocated on the node (JOB_GRES)
+            model = resources.get("gpu_model")
+            assert job["TresPerJob"] == (f"gres:gpu:{model}:{gpus}" if model else f"gres:gpu:{gpus}"), summary
+            assert job["JOB_GRES"] == f"gpu:{CLUSTER['gpu_model']}:{gpus}", summary
+            assert int(job["NumCPUs"]) == gpus * wants["cpus_per_gpu"], summary
         else:
             assert "TresPerJob" not in job and job["JOB_GRES"] == "(null)", summary
             assert int(job["NumCPUs"]) == max(wants["cpus_per_task"], 1), summary
-        assert f"sched: Allocate JobId={jobid} " in controller_log, summary
-        assert f"_job_complete: JobId={jobid} WEXITSTATUS 0" in controller_log, summary
+        assert f"sched: Allocate JobId={slurm_id} " in controller_log, summary
+        assert f"_job_complete: JobId={slurm_id} WEXITSTATUS 0" in controller_log, summary
 
     calls = sbatch_calls(log)
     assert len(calls) == len(submitted)

@@ -28,6 +28,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "evaluate": ("caprl.evaluation.run", "beam-search captions on a split and score them with the official metrics"),
     "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
     "tables": ("caprl.tables.build", "build the result tables (Markdown, CSV, LaTeX)"),
+    "attention-figure": ("caprl.figures.attention", "Stack-Cap Fig. 3: every stage's caption with its attention maps (PNG)"),
 }
 
 

@@ -51,7 +51,7 @@ class Noise:
         u = torch.rand(self.total * per_image, *shape, generator=gen)
         start = self.offset * per_image
         u = u[start : start + rows].to(device)
-        return -torch.log(-torch.log(u.clamp(1e-20, 1.0)).clamp(min=1e-20))
+        return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
 
 
 def expand(ctx: Batch, n: int) -> Batch:

@@ -78,13 +78,26 @@ def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
     return params
 
 
+RUN_KEYS = ("model", "objective", "init")
+
+
 def run_spec(params: dict[str, Any], run: str) -> dict[str, Any]:
-    """The settings of one training run: ``{'name', 'model', 'objective', 'init'}``."""
+    """The settings of one training run: ``{'name', 'model', 'objective', 'init', 'options'}``.
+
+    ``options`` are the objective's options from ``objectives.<objective>`` with the run's
+    own overrides (any other key of its ``runs`` entry, e.g. ``epochs``) on top.
+    """
     runs = params["runs"]
     if run in runs["xe"]:
-        return {"name": run, "model": runs["xe"][run]["model"], "objective": "xe", "init": None}
-    if run in runs["rl"]:
-        spec = runs["rl"][run]
-        return {"name": run, "model": spec["model"], "objective": spec["objective"], "init": spec["init"]}
+        entry = {"objective": "xe", "init": None, **runs["xe"][run]}
+    elif run in runs["rl"]:
+        entry = dict(runs["rl"][run])
+    else:
+        entry = None
+    if entry is not None:
+        overrides = {k: v for k, v in entry.items() if k not in RUN_KEYS}
+        options = {**params["objectives"].get(entry["objective"], {}), **overrides}
+        return {"name": run, "model": entry["model"], "objective": entry["objective"], "init": entry["init"],
+                "options": options}
     known = sorted(runs["xe"]) + sorted(runs["rl"])
     raise CaprlError(f"unknown run '{run}': params.yaml runs.xe / runs.rl define {', '.join(known)}")

@@ -8,6 +8,10 @@ BACKBONE = config["features"]["backbone"]
 RUNS_XE = config["runs"]["xe"]
 RUNS_RL = config["runs"]["rl"]
 ALL_RUNS = list(RUNS_XE) + list(RUNS_RL)
+# GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
+# job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches on CPU.
+TRAIN_GPUS = config["train"]["gpus"]
+FEATURES_GPUS = 0 if BACKBONE == "patches" else 1
 
 RAW_JSON = config["dataset"]["karpathy_json"]
 IMAGE_ROOT = config["dataset"]["image_root"]
@@ -46,6 +50,6 @@ def init_arg(wildcards):
 def run_settings(wildcards):
     """The params a run depends on: a change re-runs it (Snakemake's params trigger)."""
     spec = RUNS_XE.get(wildcards.run) or RUNS_RL[wildcards.run]
-    objective = RUNS_RL[wildcards.run]["objective"] if wildcards.run in RUNS_RL else "xe"
+    objective = spec.get("objective", "xe")
     return {"spec": spec, "model": config["models"][spec["model"]], "objective": config["objectives"][objective],
             "train": config["train"], "decode": config["decode"], "seed": config["seed"]}

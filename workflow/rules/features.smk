@@ -8,6 +8,8 @@ rule features:
         settings=config["features"],
     log:
         f"logs/{DS}/features_{BACKBONE}_{{shard}}.log",
+    resources:
+        gpu=FEATURES_GPUS,
     shell:
         "caprl features --params {PARAMS} --log {log} --annotations {input.annotations} --image-root {input.images}"
         " --shard {wildcards.shard} --out {output}"

@@ -1,6 +1,7 @@
 rule tables:
     input:
         scores=expand(f"{RESULTS}/{{run}}/scores.json", run=ALL_RUNS + ["most-frequent"]),
+        figures=ATTENTION_PNGS,
     output:
         TABLE_FILES,
     params:

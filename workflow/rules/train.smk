@@ -15,6 +15,8 @@ rule train:
         state=f"runs/{DS}/{{run}}/state",
     log:
         f"logs/{DS}/train/{{run}}.log",
+    resources:
+        gpu=TRAIN_GPUS,
     shell:
         "caprl train --params {PARAMS} --log {log} --run {wildcards.run} --annotations {input.annotations}"
         " --vocab {input.vocab} --labels {input.labels} --features {input.features} --cider-df {input.cider_df}"

@@ -38,7 +38,7 @@ def beam_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], 
     model.eval()
     captions: dict[int, str] = {}
     with torch.no_grad():
-        for i in tqdm(range(0, len(image_ids), batch_size), desc="beam search", leave=False, mininterval=2.0):
+        for i in tqdm(range(0, len(image_ids), batch_size), desc="beam search", leave=False, mininterval=2.0, disable=None):
             ids = image_ids[i : i + batch_size]
             tokens, _ = decoding.beam_search(model, model.encode(*data.features_of(ids)), beam_size, max_length)
             captions.update(zip(ids, (" ".join(w) for w in data.decode(tokens[:, 0]))))

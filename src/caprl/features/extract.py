@@ -91,7 +91,7 @@ def extract_features(
     n_batches = (len(images) + batch_size - 1) // batch_size
     t0 = time.perf_counter()
     with open_writer(out, len(images), backbone.dim, backbone.n_regions, all_attrs) as writer:
-        for b in tqdm(range(n_batches), desc=f"features {backbone.name}", unit="batch", mininterval=5.0):
+        for b in tqdm(range(n_batches), desc=f"features {backbone.name}", unit="batch", mininterval=5.0, disable=None):
             chunk = images[b * batch_size:(b + 1) * batch_size]
             batch = torch.stack(
                 [backbone.preprocess(load_image(root / im["file"], int(im["id"]), source)) for im in chunk]

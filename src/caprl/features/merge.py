@@ -101,7 +101,7 @@ def merge_shards(
 
         n, dim, n_regions = len(sorted_ids), int(common["dim"]), int(common["n_regions"])
         with open_writer(out, n, dim, n_regions, common) as writer:
-            for start in tqdm(range(0, n, BLOCK_ROWS), desc="merge features", unit="block", mininterval=5.0):
+            for start in tqdm(range(0, n, BLOCK_ROWS), desc="merge features", unit="block", mininterval=5.0, disable=None):
                 block = order[start:start + BLOCK_ROWS]
                 pooled = np.empty((len(block), dim), np.float32)
                 regions = np.empty((len(block), n_regions, dim), np.float32)

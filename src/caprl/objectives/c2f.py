@@ -9,10 +9,15 @@ sample j of an image the relative reward is (eq. 15)
 where ``sample_{i-1}`` is the preceding stage's sample from the same row of the sampling
 pass (``sample_0`` = the coarse stage's sample). The loss (eq. 14) is
 
-    L = - sum_{i=1..Nf} masked_mean_t( dr_i * log p_{theta_0:i}(sample_i,t) )
+    L = - sum_{i=1..Nf} mean_tokens( dr_i * log p_{theta_0:i}(sample_i,t) )
+
+(the mean over stage i's sampled tokens of the global batch, ``Objective.mean``; sampling
+uses the batch's DDP-consistent noise when the trainer gives one).
 
 The coarse stage has no RL term of its own; its LSTM still gets gradients through the
-fine stages that read its hidden states (only its output layer gets none).
+fine stages that read its hidden states (only its output layer gets none). Note that the
+coarse LSTM reads ``h^{Nf}_{t-1}`` (eq. 2), so ``sample_{i-1}`` is not independent of
+``sample_i``'s earlier words: the second baseline is the paper's, not an unbiased one.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ class CoarseToFineRL(Objective):
             greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
         model.train()
         samples = decoding.sample(
-            model, ctx, self.env.max_length, n=n, temperature=float(self.options.get("temperature", 1.0))
+            model, ctx, self.env.max_length, n=n, temperature=float(self.options.get("temperature", 1.0)),
+            noise=batch.noise,
         )
         ids = batch.image_ids
         sample_ids = [i for i in ids for _ in range(n)]

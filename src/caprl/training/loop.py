@@ -52,6 +52,7 @@ class Position:
     step: int = 0
     best_score: float = float("-inf")
     history: list[dict[str, Any]] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)  # losses of this epoch's steps so far
 
 
 class StopFlag:
@@ -125,6 +126,7 @@ class Trainer:
             payload["optimizer_state"] = self.optimizer.state_dict()
             payload["rng_torch"] = self.dist.gather(torch.get_rng_state())  # one state per process
             payload["mlflow_run_id"] = getattr(self.tracker, "run_id", None) or ""
+            payload["epoch_losses"] = list(self.pos.epoch_losses)
         return payload
 
     def save_state(self) -> None:
@@ -137,6 +139,9 @@ class Trainer:
     def resume(self) -> bool:
         """Load ``last.pt`` if this run left one; True if it did."""
         path = self.state_dir / "last.pt"
+        if self.dist.main:  # temp files of saves cut short by a kill: never read, safe to drop
+            for stale in self.state_dir.glob(".*.pt.*.tmp"):
+                stale.unlink(missing_ok=True)
         if not path.exists():
             return False
         state = checkpoint.load(path, vocab_sha256=self.meta["vocab_sha256"])
@@ -151,7 +156,8 @@ class Trainer:
         else:  # resumed with another number of processes: dropout streams cannot continue
             log.warning("state saved by %d processes, resuming with %d: re-seeding dropout", len(rng), self.dist.world)
             torch.manual_seed(self.config.seed + 1000 * self.dist.rank + state["step"])
-        self.pos = Position(state["epoch"], state["batch"], state["step"], state["best_score"], list(state["history"]))
+        self.pos = Position(state["epoch"], state["batch"], state["step"], state["best_score"], list(state["history"]),
+                            list(state.get("epoch_losses", [])))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.pos.epoch, self.pos.batch, self.pos.step)
         return True
 
@@ -162,13 +168,13 @@ class Trainer:
         n_batches = (len(train_ids) + cfg.batch_size - 1) // cfg.batch_size
         while self.pos.epoch < cfg.epochs:
             order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
-            started, losses = time.time(), []
+            started = time.time()
             bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
-                       leave=False, mininterval=2.0, disable=not self.dist.main)
+                       leave=False, mininterval=2.0, disable=None if self.dist.main else True)
             while self.pos.batch < n_batches:
                 ids = order[self.pos.batch * cfg.batch_size : (self.pos.batch + 1) * cfg.batch_size]
                 metrics = self._step(ids)
-                losses.append(metrics["loss"])
+                self.pos.epoch_losses.append(metrics["loss"])
                 self.pos.batch += 1
                 self.pos.step += 1
                 bar.update(1)
@@ -180,7 +186,7 @@ class Trainer:
                 if self.pos.step % cfg.checkpoint_every == 0:
                     self.save_state()
             bar.close()
-            self._end_epoch(losses, time.time() - started)
+            self._end_epoch(list(self.pos.epoch_losses), time.time() - started)
         return self.pos
 
     def _step(self, image_ids: list[int]) -> dict[str, float]:
@@ -212,6 +218,7 @@ class Trainer:
                 checkpoint.save(self.state_dir / "best.pt", self._payload(with_optimizer=False))
         self.pos.epoch += 1
         self.pos.batch = 0
+        self.pos.epoch_losses = []
         self.save_state()
 
 

@@ -85,7 +85,7 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
     model = build_model(arch, model_params, len(data.vocab), data.feat_dim, data.n_regions, where=f"models.{spec['model']}")
     if init is not None:
         model.load_state_dict(checkpoint.load(init, vocab_sha256=data.vocab.sha256)["model_state"])
-    objective_options = params["objectives"][spec["objective"]]
+    objective_options = spec["options"]
     train_refs = data.references("train")
     rewards: dict[str, Any] = {}
     df = None
