@@ -13,7 +13,8 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 import numpy as np
 import torch
 
-from caprl.decoding import Noise
+from caprl import decoding
+from caprl.decoding import Noise, Samples
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 
@@ -74,6 +75,18 @@ class Objective:
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
+
+    def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int) -> tuple[Samples, Samples]:
+        """Self-critical decoding: the greedy captions (eval mode, no gradient) and ``n``
+        samples per image (train mode, differentiable), from one encoding of the images."""
+        ctx = model.encode(batch.pooled, batch.regions)
+        model.eval()
+        with torch.no_grad():
+            greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
+        model.train()
+        samples = decoding.sample(model, ctx, self.env.max_length, n=n,
+                                  temperature=float(self.options.get("temperature", 1.0)), noise=batch.noise)
+        return greedy, samples
 
     def mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked mean over the GLOBAL batch: with DDP (gradients averaged over processes)

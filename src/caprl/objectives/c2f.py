@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from caprl import decoding
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, register_objective
@@ -54,15 +53,7 @@ class CoarseToFineRL(Objective):
                              f"{type(model).__name__} has {stages} stage")
         n = int(self.options.get("n_samples", 1))
         reward = self.env.reward(self.options.get("reward", "cider_d"))
-        ctx = model.encode(batch.pooled, batch.regions)
-        model.eval()
-        with torch.no_grad():
-            greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
-        model.train()
-        samples = decoding.sample(
-            model, ctx, self.env.max_length, n=n, temperature=float(self.options.get("temperature", 1.0)),
-            noise=batch.noise,
-        )
+        greedy, samples = self.greedy_and_samples(model, batch, n)
         ids = batch.image_ids
         sample_ids = [i for i in ids for _ in range(n)]
         r_greedy = np.stack([reward(ids, self.env.decode_words(greedy.tokens[:, s])) for s in range(stages)])

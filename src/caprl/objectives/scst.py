@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from caprl import decoding
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, register_objective
 
@@ -20,15 +19,7 @@ class SelfCritical(Objective):
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         n = int(self.options.get("n_samples", 1))
         reward = self.env.reward(self.options.get("reward", "cider_d"))
-        ctx = model.encode(batch.pooled, batch.regions)
-        model.eval()
-        with torch.no_grad():
-            greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
-        model.train()
-        samples = decoding.sample(
-            model, ctx, self.env.max_length, n=n, temperature=float(self.options.get("temperature", 1.0)),
-            noise=batch.noise,
-        )
+        greedy, samples = self.greedy_and_samples(model, batch, n)
         ids = batch.image_ids
         r_greedy = reward(ids, self.env.decode_words(greedy.last_stage()))
         r_sample = reward([i for i in ids for _ in range(n)], self.env.decode_words(samples.last_stage()))
