@@ -15,7 +15,7 @@ from caprl.evaluation.report import score_and_record
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
 from caprl.training import checkpoint
-from caprl.training.data import CaptionData, DataPaths
+from caprl.training.data import CaptionData, add_data_arguments
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,7 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--annotations", required=True)
-    parser.add_argument("--vocab", required=True)
-    parser.add_argument("--labels", required=True)
-    parser.add_argument("--features", required=True)
+    add_data_arguments(parser)
     parser.add_argument("--refs", required=True, help="COCO caption-annotation file of the split (caprl references)")
     parser.add_argument("--out-examples", required=True, help="output: a few captions beside their references")
     parser.add_argument("--out-captions", required=True, help="output: COCO results format")
@@ -48,7 +45,7 @@ def beam_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    data = CaptionData(DataPaths(args.annotations, args.vocab, args.labels, args.features))
+    data = CaptionData.from_args(args)
     payload = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
     model = checkpoint.model_from_checkpoint(payload)
     split = params["evaluate"]["split"]

@@ -35,7 +35,7 @@ from caprl.features.extract import load_image
 from caprl.io import atomic_path
 from caprl.models import CaptionModel
 from caprl.training import checkpoint
-from caprl.training.data import CaptionData, DataPaths
+from caprl.training.data import CaptionData, add_data_arguments
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,7 @@ def draw_attention_figures(model: CaptionModel, data: CaptionData, image_ids: li
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="a trained attention model (e.g. the Stack-Cap C2F run)")
-    parser.add_argument("--annotations", required=True)
-    parser.add_argument("--features", required=True)
-    parser.add_argument("--vocab", required=True)
-    parser.add_argument("--labels", required=True)
+    add_data_arguments(parser)
     parser.add_argument("--image-root", required=True, help="folder the annotations' image paths are relative to")
     parser.add_argument("--out-dir", required=True, help="writes attention_<k>.png, k = 0..n-1, here")
     parser.add_argument("--n-images", type=int, default=3, help="images of the evaluation split to draw")
@@ -151,7 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    data = CaptionData(DataPaths(args.annotations, args.vocab, args.labels, args.features))
+    data = CaptionData.from_args(args)
     model = checkpoint.model_from_checkpoint(checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256))
     split = params["evaluate"]["split"]
     ids = sorted(data.split_ids(split))

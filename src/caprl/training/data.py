@@ -26,7 +26,17 @@ class DataPaths:
     features: str
 
 
+def add_data_arguments(parser: Any) -> None:
+    """The inputs every model-reading stage takes (train, evaluate, attention-figure)."""
+    for name in ("annotations", "vocab", "labels", "features"):
+        parser.add_argument(f"--{name}", required=True)
+
+
 class CaptionData:
+    @classmethod
+    def from_args(cls, args: Any) -> "CaptionData":
+        return cls(DataPaths(args.annotations, args.vocab, args.labels, args.features))
+
     def __init__(self, paths: DataPaths) -> None:
         self.paths = paths
         self.vocab = Vocab.load(paths.vocab)

@@ -25,7 +25,7 @@ from caprl.rewards import build_reward, compute_document_frequencies, load_docum
 from caprl.seeding import seed_everything
 from caprl.tracking import Tracker
 from caprl.training import checkpoint, distributed
-from caprl.training.data import CaptionData, DataPaths
+from caprl.training.data import CaptionData, add_data_arguments
 from caprl.training.distributed import Dist
 from caprl.training.loop import LoopConfig, Trainer, greedy_captions
 
@@ -34,10 +34,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, help="run name under runs.xe / runs.rl in params.yaml")
-    parser.add_argument("--annotations", required=True)
-    parser.add_argument("--vocab", required=True)
-    parser.add_argument("--labels", required=True)
-    parser.add_argument("--features", required=True)
+    add_data_arguments(parser)
     parser.add_argument("--cider-df", required=True, help="document frequencies of the training references")
     parser.add_argument("--init", default=None, help="checkpoint to start from (RL runs: the XE run's best)")
     parser.add_argument("--checkpoint", required=True, help="output: best checkpoint")
@@ -145,7 +142,7 @@ def run_process(args: argparse.Namespace) -> None:
     dist = distributed.from_environment()
     if dist.world != params["train"]["gpus"]:
         log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
-    data = CaptionData(DataPaths(args.annotations, args.vocab, args.labels, args.features))
+    data = CaptionData.from_args(args)
     state_dir = Path(args.state_dir)
     best, history = train(params, args.run, data, args.cider_df, args.init, state_dir, dist)
     if not dist.main:
