@@ -1,5 +1,6 @@
-# caprl: raw data -> features -> vocabulary -> XE -> RL -> evaluation -> tables.
-# Every rule runs one `caprl <stage>` command; dvc.yaml runs the same commands.
+# caprl: raw data -> features -> vocabulary -> XE -> RL -> evaluation -> tables, for every
+# enabled dataset of params.yaml. Every rule runs one `caprl <stage>` command; the jobs come
+# from caprl.workflow_plan, which `caprl dvc-yaml` also uses to write dvc.yaml.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")

@@ -24,9 +24,10 @@ TINY: dict[str, Any] = {
     "models": {name: {"embed_size": 16, "hidden_size": 24, **({"att_hidden_size": 16} if att else {})}
                for name, att in [("fc", False), ("topdown", True), ("lstm3", False), ("softatt", True),
                                  ("stackcap_star", True), ("stackcap", True)]},
-    "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2}},
+    "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2},
+                   "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8}},
     "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
-    "runs": {"xe": {"fc-xe": {"epochs": 2}, "lstm3-xe": {"epochs": 2}}},
+    "runs": {"fc-xe": {"options": {"epochs": 2}}, "lstm3-xe": {"options": {"epochs": 2}}},
     "decode": {"beam_size": 2},
     "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3},
 }
@@ -41,6 +42,20 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 def default_params() -> dict[str, Any]:
     return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def generated_dataset(name: str, **overrides: Any) -> dict[str, Any]:
+    """A ``datasets:`` entry made by the built-in generator (``overrides``: its ``synthetic:``)."""
+    entry = {"format": "karpathy", "raw": f"data/raw/{name}/dataset_{name}.json",
+             "media_root": f"data/raw/{name}/images", "generate": True, "backbone": "patches", "enabled": True}
+    return {**entry, **({"synthetic": overrides} if overrides else {})}
+
+
+def two_dataset_params() -> dict[str, Any]:
+    """TINY with a second generated dataset, ``shapes_b`` (one object per image, fewer images)."""
+    params = merge(default_params(), TINY)
+    params["datasets"]["shapes_b"] = generated_dataset("shapes_b", n_train=60, max_objects=1)
+    return params
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@
 the commands the workflow runs (``snakemake -n -p --forceall all_tables`` prints them;
 workflow/rules/data.smk and features.smk hold them): synthesize, prepare, vocab, features
 for every shard (concurrently, as Snakemake would on 2 cores), merge-features, cider-df and
-optionally references. Output paths follow workflow/rules/common.smk, relative to
-``workdir``. It returns the absolute paths, ready to pass to ``caprl train``/``evaluate``.
+optionally references, for one dataset of params.yaml. Output paths follow
+caprl.workflow_plan (as the Snakefile), relative to ``workdir``. It returns the absolute
+paths, ready to pass to ``caprl train``/``evaluate`` (with ``--dataset``).
 """
 
 from __future__ import annotations
@@ -53,29 +54,33 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None, timeout: float) 
 
 
 def build_dataset(workdir: Path, params: dict[str, Any], references: Sequence[str] = (),
-                  env: dict[str, str] | None = None, timeout: float = 300) -> DatasetPaths:
-    """Write ``workdir/params.yaml`` and make the dataset ``params`` describes through the real CLI.
+                  env: dict[str, str] | None = None, timeout: float = 300, dataset: str | None = None) -> DatasetPaths:
+    """Write ``workdir/params.yaml`` and make one dataset of ``params`` through the real CLI.
 
     ``params`` must be a complete, valid params.yaml (e.g. ``merge(default_params(), TINY)``);
-    with ``dataset.synthetic`` false, ``dataset.karpathy_json`` and ``image_root`` must exist.
+    ``dataset``: a name under ``datasets:`` (default: the first enabled one); unless it is
+    generated, its ``raw`` and ``media_root`` must exist.
     ``references``: splits whose COCO-format references to write too (as the evaluate rules use).
     """
+    from caprl.params import dataset_spec, enabled_datasets
+    from caprl.workflow_plan import Dataset
+
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     params_path = workdir / "params.yaml"
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
-    name, backbone = params["dataset"]["name"], params["features"]["backbone"]
-    raw_json, image_root = params["dataset"]["karpathy_json"], params["dataset"]["image_root"]
-    data = Path("data") / name
-    shard_dir = data / "features" / backbone
+    name = dataset or enabled_datasets(params)[0]
+    spec = dataset_spec(params, name)
+    ds = Dataset(name, spec["format"], spec["raw"], spec["media_root"], spec["generate"], spec["backbone"])
+    raw_json, image_root = ds.raw, ds.media_root
     paths = DatasetPaths(
         workdir=workdir, params=params_path,
-        annotations=workdir / data / "annotations.json", vocab=workdir / data / "vocab.json",
-        labels=workdir / data / "labels.h5", features=workdir / data / f"features_{backbone}.h5",
-        cider_df=workdir / data / "cider_df.json",
-        references={split: workdir / data / f"refs_{split}.json" for split in references},
+        annotations=workdir / ds.annotations, vocab=workdir / ds.vocab, labels=workdir / ds.labels,
+        features=workdir / ds.features, cider_df=workdir / ds.cider_df,
+        references={split: workdir / ds.refs(split) for split in references},
     )
     logs = Path("logs") / name
+    backbone, shard_dir = ds.backbone, Path(ds.shard_dir)
 
     def cmd(stage: str, log: str, *args: str | os.PathLike[str]) -> list[str]:
         return caprl_command(stage, params_path, "--log", logs / log, *args)
@@ -83,12 +88,13 @@ def build_dataset(workdir: Path, params: dict[str, Any], references: Sequence[st
     def run(stage: str, log: str, *args: str | os.PathLike[str]) -> None:
         _run(cmd(stage, log, *args), workdir, env, timeout)
 
-    if params["dataset"]["synthetic"]:
-        run("synthesize", "synthesize.log", "--out-json", raw_json, "--image-dir", image_root)
-    run("prepare", "prepare.log", "--karpathy-json", raw_json, "--image-root", image_root, "--out", paths.annotations)
+    if ds.generate:
+        run("synthesize", "synthesize.log", "--dataset", name, "--out-json", raw_json, "--image-dir", image_root)
+    run("prepare", "prepare.log", "--dataset", name, "--raw", raw_json, "--media-root", image_root,
+        "--out", paths.annotations)
     run("vocab", "vocab.log", "--annotations", paths.annotations, "--out-vocab", paths.vocab,
         "--out-labels", paths.labels)
-    shard_cmds = [cmd("features", f"features_{backbone}_{shard}.log", "--annotations", paths.annotations,
+    shard_cmds = [cmd("features", f"features_{backbone}_{shard}.log", "--dataset", name, "--annotations", paths.annotations,
                       "--image-root", image_root, "--shard", str(shard), "--out", shard_dir / f"shard{shard}.h5")
                   for shard in params["features"]["shards"]]
     jobs = [(c, subprocess.Popen(c, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

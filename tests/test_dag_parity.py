@@ -1,4 +1,5 @@
-"""Snakemake and DVC run the same set of `caprl` commands (same stages, same arguments)."""
+"""Snakemake and DVC run the same set of `caprl` commands (same stages, same arguments), and
+the committed dvc.yaml is the one `caprl dvc-yaml` writes from the committed params.yaml."""
 
 from __future__ import annotations
 
@@ -44,9 +45,44 @@ def test_snakemake_and_dvc_run_the_same_commands(tmp_path: Path) -> None:
 
 
 def test_every_cli_stage_is_in_the_dag(tmp_path: Path) -> None:
-    """No stage is orphaned: each pipeline command of the CLI appears in the DAG (except `score`)."""
-    from caprl.cli import STAGES
+    """No stage is orphaned: each pipeline command of the CLI appears in the DAG (except the tools)."""
+    from caprl.cli import STAGES, TOOLS
 
     commands = snakemake_commands(copy_workflow(tmp_path))
     used = {cmd.split()[1] for cmd in commands}
-    assert set(STAGES) - used <= {"score"}, set(STAGES) - used
+    assert set(STAGES) - used <= TOOLS, set(STAGES) - used
+
+
+def test_committed_dvc_yaml_is_current() -> None:
+    from caprl import params as params_mod
+    from caprl.dvc_gen import render
+
+    expected = render(params_mod.load(REPO / "params.yaml"))
+    assert (REPO / "dvc.yaml").read_text() == expected, "dvc.yaml is stale: run `caprl dvc-yaml`"
+
+
+def test_two_datasets_and_run_subsets_give_the_same_commands(tmp_path: Path) -> None:
+    """A second generated dataset, a run limited to one dataset: both tools, the same jobs."""
+    import yaml
+
+    from caprl.dvc_gen import render
+    from conftest import two_dataset_params
+
+    work = copy_workflow(tmp_path)
+    params = two_dataset_params()
+    params["runs"]["stackcap-xe"] = {"method": "xe", "model": "stackcap", "datasets": ["shapes_b"]}
+    params["runs"]["stackcap-c2f"] = {"method": "c2f", "model": "stackcap", "init": {"model": "stackcap-xe"},
+                                      "datasets": ["shapes_b"]}
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (work / "dvc.yaml").write_text(render(params))
+    smk, dvc = snakemake_commands(work), dvc_commands(work)
+    assert smk == dvc, f"only in Snakemake: {sorted(smk - dvc)}\nonly in DVC: {sorted(dvc - smk)}"
+    for ds in ("synthetic", "shapes_b"):
+        assert any(c.startswith(f"caprl tables ") and f"--dataset {ds} " in c for c in smk), ds
+        assert any(f"--out-json data/raw/{ds}/dataset_{ds}.json" in c for c in smk), ds
+    trained = {(c.split("--dataset ")[1].split()[0], c.split("--run ")[1].split()[0])
+               for c in smk if c.startswith("caprl train ")}
+    assert ("shapes_b", "stackcap-c2f") in trained and ("synthetic", "stackcap-c2f") not in trained
+    assert ("synthetic", "fc-scst") in trained and ("shapes_b", "fc-scst") in trained
+    assert any("--dataset shapes_b" in c and "--checkpoint runs/shapes_b/stackcap-c2f/best.pt" in c
+               for c in smk if c.startswith("caprl attention-figure "))

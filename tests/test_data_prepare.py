@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from caprl.data import prepare, synthetic
 from caprl.errors import CaprlError
@@ -106,7 +107,7 @@ def test_missing_karpathy_json_says_where_and_how(tmp_path: Path, name: str, exp
     with pytest.raises(CaprlError) as err:
         prepare.read_karpathy(path, name)
     message = str(err.value)
-    assert str(path) in message and "dataset.karpathy_json" in message
+    assert str(path) in message and f"datasets.{name}.raw" in message
     for text in expected:
         assert text in message
 
@@ -188,15 +189,15 @@ def _main_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> argparse.Name
     for im in coco_like()["images"]:
         (tmp_path / "img" / im["filepath"]).mkdir(parents=True, exist_ok=True)
         (tmp_path / "img" / im["filepath"] / im["filename"]).write_bytes(b"")
-    return argparse.Namespace(params=REPO / "params.yaml", karpathy_json=tmp_path / "dataset_coco.json",
-                              image_root=tmp_path / "img", out=tmp_path / "out" / "annotations.json")
+    return argparse.Namespace(params=REPO / "params.yaml", dataset="synthetic", raw=tmp_path / "dataset_coco.json",
+                              media_root=tmp_path / "img", out=tmp_path / "out" / "annotations.json")
 
 
 def test_main_writes_annotations_with_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = _main_args(tmp_path, monkeypatch)
     prepare.main(args)
     out = json.loads(args.out.read_text())
-    assert out["dataset"] == "synthetic"  # params dataset.name
+    assert out["dataset"] == "synthetic"  # --dataset
     assert out["stats"]["empty_captions_dropped"] == 3
     assert [p.name for p in args.out.parent.iterdir()] == ["annotations.json"]
 
@@ -227,9 +228,27 @@ def test_main_failure_mid_write_leaves_old_output_or_none(
 
 def test_cli_missing_json_exits_2_with_message(tmp_path: Path) -> None:
     env = {**os.environ, "CAPRL_PARAMS_SCHEMA": str(SCHEMA)}
-    cmd = [sys.executable, "-m", "caprl", "prepare", "--params", str(REPO / "params.yaml"),
-           "--karpathy-json", str(tmp_path / "dataset_synthetic.json"), "--out", str(tmp_path / "a.json")]
+    cmd = [sys.executable, "-m", "caprl", "prepare", "--params", str(REPO / "params.yaml"), "--dataset", "synthetic",
+           "--raw", str(tmp_path / "dataset_synthetic.json"), "--out", str(tmp_path / "a.json")]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "Karpathy-split JSON not found" in result.stderr and "caprl synthesize" in result.stderr
     assert not (tmp_path / "a.json").exists()
+
+
+def test_prepare_reads_through_the_dataset_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   write_params) -> None:
+    """--dataset picks the reader (datasets.<name>.format); raw and media default to the dataset's."""
+    from caprl.data.readers import READERS, build_reader
+
+    assert set(READERS) >= {"karpathy", "tgif"}
+    with pytest.raises(CaprlError, match=r"datasets\.clips\.format: tgif: TGIF reader lands with issue 10"):
+        build_reader("tgif", "clips")
+    with pytest.raises(CaprlError, match=r"datasets\.clips\.format: unknown dataset format 'mp4'"):
+        build_reader("mp4", "clips")
+    args = _main_args(tmp_path, monkeypatch)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["datasets"]["coco"].update(raw=str(args.raw), media_root=str(args.media_root))
+    args.params, args.dataset, args.raw, args.media_root = write_params(params), "coco", None, None
+    prepare.main(args)
+    assert json.loads(args.out.read_text())["dataset"] == "coco"

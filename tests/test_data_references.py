@@ -53,8 +53,9 @@ def test_data_chain_through_the_cli(tmp_path: Path) -> None:
     params["vocab"]["min_count"] = 2
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     steps = [
-        ["synthesize", "--out-json", "raw/d.json", "--image-dir", "raw/images"],
-        ["prepare", "--karpathy-json", "raw/d.json", "--image-root", "raw/images", "--out", "data/annotations.json"],
+        ["synthesize", "--dataset", "synthetic", "--out-json", "raw/d.json", "--image-dir", "raw/images"],
+        ["prepare", "--dataset", "synthetic", "--raw", "raw/d.json", "--media-root", "raw/images",
+         "--out", "data/annotations.json"],
         ["vocab", "--annotations", "data/annotations.json", "--out-vocab", "data/vocab.json",
          "--out-labels", "data/labels.h5"],
         ["references", "--annotations", "data/annotations.json", "--split", "test", "--out", "data/refs_test.json"],

@@ -18,6 +18,7 @@ from caprl.data import grammar, synthetic
 from caprl.data.grammar import SceneObject
 from caprl.data.prepare import tokenize
 from caprl.errors import CaprlError
+from conftest import default_params
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "params.schema.yaml"
@@ -46,6 +47,28 @@ def test_same_seed_gives_identical_files_and_other_seed_differs(tmp_path: Path) 
     assert a_json.read_bytes() != c_json.read_bytes()
     differing = [k for k, v in tree_bytes(a_dir).items() if tree_bytes(c_dir)[k] != v]
     assert len(differing) >= 15
+
+
+def test_two_dataset_names_give_two_datasets() -> None:
+    """The dataset name is mixed into every random stream: two generated datasets differ."""
+    a = list(synthetic.generate(TINY, 3, "synthetic"))
+    b = list(synthetic.generate(TINY, 3, "shapes_b"))
+    assert [s.entry["sentences"][0]["raw"] for s in a] != [s.entry["sentences"][0]["raw"] for s in b]
+    assert sum(x.image.tobytes() != y.image.tobytes() for x, y in zip(a, b)) >= len(a) - 2
+    assert [s.image.tobytes() for s in a] == [s.image.tobytes() for s in synthetic.generate(TINY, 3, "synthetic")]
+
+
+def test_main_generates_the_named_dataset_with_its_overrides(tmp_path: Path, write_params) -> None:
+    params = default_params()
+    params["synthetic"].update(n_train=4, n_val=2, n_test=2, image_size=32)
+    params["datasets"]["shapes_b"] = {**params["datasets"]["synthetic"], "raw": "data/raw/shapes_b/dataset_shapes_b.json",
+                                      "media_root": "data/raw/shapes_b/images", "synthetic": {"n_train": 3}}
+    args = argparse.Namespace(params=write_params(params), dataset="shapes_b", out_json=tmp_path / "b.json",
+                              image_dir=tmp_path / "b")
+    synthetic.main(args)
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["dataset"] == "shapes_b"
+    assert [im["split"] for im in data["images"]] == ["train"] * 3 + ["val"] * 2 + ["test"] * 2
 
 
 def test_val_and_test_images_do_not_depend_on_n_train() -> None:
@@ -155,7 +178,8 @@ def test_failed_generation_leaves_no_output(tmp_path: Path) -> None:
 def test_main_refuses_json_inside_image_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CAPRL_PARAMS_SCHEMA", str(SCHEMA))
     image_dir = tmp_path / "im"
-    args = argparse.Namespace(params=REPO / "params.yaml", out_json=image_dir / "d.json", image_dir=image_dir)
+    args = argparse.Namespace(params=REPO / "params.yaml", dataset="synthetic", out_json=image_dir / "d.json",
+                              image_dir=image_dir)
     with pytest.raises(CaprlError, match="inside --image-dir"):
         synthetic.main(args)
 
@@ -166,7 +190,7 @@ def test_cli_synthesize_subprocess(tmp_path: Path) -> None:
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "CAPRL_PARAMS_SCHEMA": str(SCHEMA)}
     raw = tmp_path / "raw"
-    cmd = [sys.executable, "-m", "caprl", "synthesize", "--params", str(tmp_path / "params.yaml"),
+    cmd = [sys.executable, "-m", "caprl", "synthesize", "--params", str(tmp_path / "params.yaml"), "--dataset", "synthetic",
            "--out-json", str(raw / "dataset_synthetic.json"), "--image-dir", str(raw / "images")]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

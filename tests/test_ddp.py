@@ -31,8 +31,8 @@ def train(data: DatasetPaths, run: str, gpus: int, out: Path, init: Path | None 
     params["train"]["gpus"] = gpus
     out.mkdir(parents=True)
     (out / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = caprl_command("train", out / "params.yaml", "--run", run, *data.train_args(),
-                        *(["--init", str(init)] if init else []), "--checkpoint", str(out / "best.pt"),
+    cmd = caprl_command("train", out / "params.yaml", "--dataset", "synthetic", "--run", run, *data.train_args(),
+                        *(["--init", f"model={init}"] if init else []), "--checkpoint", str(out / "best.pt"),
                         "--history", str(out / "history.json"), "--state-dir", str(out / "state"))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -42,7 +42,7 @@ def train(data: DatasetPaths, run: str, gpus: int, out: Path, init: Path | None 
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)["model_state"]
+    return torch.load(path, map_location="cpu", weights_only=True)["modules"]["model"]["state"]
 
 
 @pytest.mark.parametrize("model", ["fc", "topdown"])

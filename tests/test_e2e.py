@@ -16,21 +16,27 @@ from typing import Any
 import pytest
 import yaml
 
+from caprl.dvc_gen import render
+from caprl.workflow_plan import build_plan
 from conftest import REPO, TINY, default_params, merge
 
 pytestmark = pytest.mark.e2e
 
 PARAMS = merge(default_params(), TINY)
-RUNS = list(PARAMS["runs"]["xe"]) + list(PARAMS["runs"]["rl"])
+PLAN = build_plan(PARAMS)
+RUNS = [job.run for job in PLAN.evaluated("synthetic")]      # evaluated: in the tables
+TRAINED = [job.run for job in PLAN.trained("synthetic")]
 
 
 def fresh_copy(dst: Path, params: dict[str, Any]) -> Path:
+    """The workflow in ``dst`` with these params and the dvc.yaml `caprl dvc-yaml` writes for them."""
     dst.mkdir(parents=True)
-    for name in ("Snakefile", "workflow", "dvc.yaml", ".dvc", "src"):
+    for name in ("Snakefile", "workflow", ".dvc", "src"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name,
                                                             **({"ignore": shutil.ignore_patterns("__pycache__", "*.egg-info", "tmp")} if src.is_dir() else {}))
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (dst / "dvc.yaml").write_text(render(params))
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     return dst
 
@@ -73,7 +79,9 @@ def test_snakemake_writes_the_tables(snakemake_run: Path) -> None:
     assert len(figures) == PARAMS["figures"]["attention_images"]
     assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
     assert "SPICE: not computed" in md  # reported as unavailable, never a number
-    assert (tables / "synthetic_main.csv").read_text().count("\n") == len(RUNS) + 2
+    skipped = PLAN.skipped_runs("synthetic")  # shown as unavailable rows, with the reason
+    assert (tables / "synthetic_main.csv").read_text().count("\n") == len(RUNS) + len(skipped) + 2
+    assert all(f"{run}: unavailable" in md for run in skipped)
     assert "\\begin{tabular}" in (tables / "synthetic_main.tex").read_text()
     scores = metrics(snakemake_run)
     for run_name, values in scores.items():
@@ -95,11 +103,11 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
     experiment = client.get_experiment_by_name("caprl")
     runs = client.search_runs([experiment.experiment_id], max_results=100)
     names = sorted(r.info.run_name for r in runs)
-    expected = sorted([f"synthetic/{r}/train" for r in RUNS] + [f"synthetic/{r}/evaluate" for r in RUNS]
+    expected = sorted([f"synthetic/{r}/train" for r in TRAINED] + [f"synthetic/{r}/evaluate" for r in RUNS]
                       + ["synthetic/most-frequent/evaluate"])
     assert names == expected
     train = next(r for r in runs if r.info.run_name == "synthetic/fc-scst/train")
-    assert train.data.params["run.objective"] == "scst"
+    assert train.data.params["run.method"] == "scst"
     assert "val/CIDEr-D" in train.data.metrics and train.info.status == "FINISHED"
     history = client.get_metric_history(train.info.run_id, "train/loss")
     assert len(history) >= 1

@@ -259,9 +259,9 @@ def run_caprl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_features_and_merge(tmp_path: Path) -> None:
     ann = make_dataset(tmp_path, n=9)
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
-    params["features"].update(backbone="patches", shards=[0, 1], batch_size=4, num_threads=1)
+    params["features"].update(shards=[0, 1], batch_size=4, num_threads=1)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-    common = ["--params", "params.yaml", "--annotations", str(ann), "--image-root", "images"]
+    common = ["--params", "params.yaml", "--dataset", "synthetic", "--annotations", str(ann), "--image-root", "images"]
     for shard in (0, 1):
         done = run_caprl(tmp_path, "features", *common, "--shard", str(shard), "--out", f"feats/shard{shard}.h5")
         assert done.returncode == 0, done.stderr

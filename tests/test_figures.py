@@ -18,7 +18,7 @@ from caprl.features.backbones import PatchesBackbone
 from caprl.features.extract import extract_features
 from caprl.figures import attention as fig_mod
 from caprl.models import build_model
-from caprl.training import checkpoint
+from caprl import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,14 +80,13 @@ def tiny_data(tmp_path: Path) -> dict[str, Path]:
         model = build_model(arch, options if arch == "stackcap" else {"embed_size": 8, "hidden_size": 16},
                             len(vocab), 48, 16)
         paths[arch] = tmp_path / f"{arch}.pt"
-        checkpoint.save(paths[arch], {"arch": arch, "model_options": model.config.__dict__, "vocab_sha256": vocab.sha256,
-                                      "vocab_size": len(vocab), "feat_dim": 48, "n_regions": 16,
-                                      "run": {"model": arch}, "model_state": model.state_dict()})
+        checkpoint.save(paths[arch], checkpoint.Checkpoint(run={"model": arch}, vocab_sha256=vocab.sha256,
+                                                           modules={"model": checkpoint.model_record(model, arch)}))
     return paths
 
 
 def args_for(paths: dict[str, Path], tmp_path: Path, arch: str, n: int) -> argparse.Namespace:
-    return argparse.Namespace(params=REPO / "params.yaml", checkpoint=paths[arch],
+    return argparse.Namespace(params=REPO / "params.yaml", dataset="synthetic", checkpoint=paths[arch],
                               annotations=paths["annotations.json"], features=paths["features.h5"],
                               vocab=paths["vocab.json"], labels=paths["labels.h5"], image_root=tmp_path / "images",
                               out_dir=tmp_path / "out", n_images=n)

@@ -90,7 +90,7 @@ def test_sampling_is_seeded() -> None:
 def test_unknown_arch_and_unknown_option_are_errors() -> None:
     from caprl.errors import CaprlError
 
-    with pytest.raises(CaprlError, match="unknown arch 'nope'"):
+    with pytest.raises(CaprlError, match="unknown model architecture 'nope'"):
         build_model("nope", {}, 5, 6, 4)
     with pytest.raises(CaprlError, match="att_hidden_size"):
         build_model("fc", {"att_hidden_size": 3}, 5, 6, 4, where="models.fc")
@@ -109,7 +109,7 @@ def test_noise_sampling_draws_from_the_model_distribution() -> None:
             logits = torch.tensor([0.0, 2.0, 1.0, -1.0, 0.5]).expand(words.shape[0], 1, 5)
             from caprl.models.base import StepOutput
 
-            return StepOutput(torch.log_softmax(logits, -1), state, None)
+            return StepOutput(torch.log_softmax(logits, -1), state, None, state[0][:, None])
 
     ctx = {"x": torch.zeros(2000, 1)}
     first = decoding.sample(Fixed(), ctx, 1, n=1, noise=decoding.Noise(seed=3, step=0, total=2000)).tokens[:, 0, 0]

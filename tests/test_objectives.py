@@ -44,7 +44,7 @@ def setup(n_images: int = 4):
 
 def test_xe_matches_hand_computed_nll() -> None:
     model, batch, env = setup()
-    loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env).loss(model, batch)
+    loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model).loss(model, batch)
     ctx = model.encode(batch.pooled[batch.label_image], batch.regions[batch.label_image])
     logprobs = model.teacher_forcing(ctx, batch.labels)[:, 0]
     targets, mask = gold_targets(batch.labels), token_mask(batch.labels)
@@ -55,7 +55,7 @@ def test_xe_matches_hand_computed_nll() -> None:
 
 def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
     model, batch, env = setup()
-    objective = build_objective("scst", {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red"}, env)
+    objective = build_objective("scst", {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0}, env, model)
     torch.manual_seed(11)
     loss, metrics = objective.loss(model, batch)
     # recompute by hand with the same random stream
@@ -74,7 +74,7 @@ def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
 def test_scst_increases_the_reward() -> None:
     """A few hundred SCST steps on the toy reward make the greedy caption say 'red' more."""
     model, batch, env = setup()
-    objective = build_objective("scst", {"lr": 1e-2, "epochs": 1, "n_samples": 4}, env)
+    objective = build_objective("scst", {"lr": 1e-2, "epochs": 1, "n_samples": 4, "reward": "cider_d", "temperature": 1.0}, env, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
     first = None
@@ -92,6 +92,6 @@ def test_unknown_objective_option_is_an_error() -> None:
 
     from caprl.errors import CaprlError
 
-    _, _, env = setup()
+    model, _, env = setup()
     with pytest.raises(CaprlError, match="n_samples"):
-        build_objective("xe", {"lr": 1e-3, "epochs": 1, "n_samples": 2}, env)
+        build_objective("xe", {"lr": 1e-3, "epochs": 1, "n_samples": 2}, env, model)

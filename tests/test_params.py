@@ -39,7 +39,8 @@ def test_stage_refuses_bad_params_and_writes_nothing(write_params, tmp_path) -> 
     path = write_params(params)
     out = tmp_path / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "caprl", "synthesize", "--params", str(path), "--out-json", str(out),
+        [sys.executable, "-m", "caprl", "synthesize", "--params", str(path), "--dataset", "synthetic",
+         "--out-json", str(out),
          "--image-dir", str(tmp_path / "images")],
         capture_output=True, text=True, cwd=tmp_path,
     )
@@ -62,8 +63,7 @@ def test_snakemake_validates_before_any_job(write_params, tmp_path) -> None:
 
 def test_missing_real_data_says_where_and_how(write_params, tmp_path) -> None:
     params = default_params()
-    params["dataset"].update(name="coco", karpathy_json="data/raw/coco/dataset_coco.json",
-                             image_root="data/raw/coco", synthetic=False)
+    params["datasets"]["coco"]["enabled"] = True
     write_params(params)
     for name in ("Snakefile", "workflow"):
         (tmp_path / name).symlink_to(REPO / name)
@@ -71,5 +71,81 @@ def test_missing_real_data_says_where_and_how(write_params, tmp_path) -> None:
                           cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "data/raw/coco/dataset_coco.json does not exist" in out and "Karpathy" in out and "README" in out
+    assert "datasets.coco.raw: data/raw/coco/dataset_coco.json does not exist" in out
+    assert "Karpathy" in out and "README" in out
     assert not (tmp_path / "data").exists()
+
+
+# -- runs, datasets: cross-references ------------------------------------------------------
+
+def test_run_spec_merges_options_over_the_method_defaults() -> None:
+    params = default_params()
+    spec = params_mod.run_spec(params, "fc-pg_spider-bcmr")
+    assert spec == params_mod.RunSpec(
+        name="fc-pg_spider-bcmr", method="pg_spider", model="fc",
+        options={**params["objectives"]["pg_spider"], "reward": "bcmr"}, init={"model": "fc-xe"},
+        datasets=["synthetic"])
+    assert params_mod.run_spec(params, "fc-xe").options == {**params["objectives"]["xe"], "epochs": 40}
+    with pytest.raises(CaprlError, match="unknown run 'nope'"):
+        params_mod.run_spec(params, "nope")
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda p: p["runs"]["fc-xe"].__setitem__("epochs", 3), r"unknown key\(s\) runs\.fc-xe\.epochs"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("init", {"model": "fc-xx"}),
+         r"runs\.fc-scst\.init\.model: no run named 'fc-xx'"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("options", {"n_sample": 3}),
+         r"runs\.fc-scst\.options.*n_sample"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("options", {"temperature": 0.5, "rollouts": 2}),
+         r"runs\.fc-scst\.options\.rollouts: objectives\.scst has no option"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("method", "ppo"), r"runs\.fc-scst\.method: 'ppo'"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("model", "vit"), r"runs\.fc-scst\.model: 'vit'"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("options", {"reward": "rouge"}),
+         r"runs\.fc-scst\.options\.reward: 'rouge' is not a reward"),
+        (lambda p: p["runs"]["fc-xe"].__setitem__("datasets", ["imagenet"]),
+         r"runs\.fc-xe\.datasets: no dataset named 'imagenet'"),
+        (lambda p: p["runs"]["fc-xe"].__setitem__("init", {"model": "fc-scst"}), r"start from each other"),
+        (lambda p: p["datasets"]["synthetic"].__setitem__("format", "coco"), r"datasets\.synthetic\.format"),
+        (lambda p: p["datasets"]["tgif"].__setitem__("generate", True), r"datasets\.tgif\.generate"),
+        (lambda p: p["datasets"]["synthetic"].__setitem__("enabled", False), r"no dataset has enabled: true"),
+        (lambda p: p["datasets"]["synthetic"].__setitem__("backbone", "vit"), r"datasets\.synthetic\.backbone"),
+    ],
+)
+def test_bad_references_name_the_key(write_params, edit, expected: str) -> None:
+    params = default_params()
+    edit(params)
+    with pytest.raises(CaprlError, match=expected):
+        params_mod.load(write_params(params))
+
+
+def test_an_init_run_must_train_on_the_same_datasets(write_params) -> None:
+    params = default_params()
+    params["datasets"]["coco"]["enabled"] = True
+    params["runs"]["fc-xe"]["datasets"] = ["synthetic"]
+    with pytest.raises(CaprlError, match=r"runs\.fc-scst\.init\.model: run 'fc-xe' does not train on coco"):
+        params_mod.load(write_params(params))
+
+
+def test_dataset_spec_resolves_the_generator_settings() -> None:
+    params = default_params()
+    params["datasets"]["synthetic"]["synthetic"] = {"n_train": 7}
+    spec = params_mod.dataset_spec(params, "synthetic")
+    assert spec["name"] == "synthetic" and spec["backbone"] == "patches"
+    assert spec["synthetic"] == {**params["synthetic"], "n_train": 7}
+    with pytest.raises(CaprlError, match=r"datasets\.nope: no such dataset"):
+        params_mod.dataset_spec(params, "nope")
+
+
+def test_unknown_run_key_fails_snakemake_before_any_job(write_params, tmp_path) -> None:
+    params = default_params()
+    params["runs"]["fc-scst"]["init"] = {"model": "fc-xx"}
+    write_params(params)
+    for name in ("Snakefile", "workflow"):
+        (tmp_path / name).symlink_to(REPO / name)
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "all_tables"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "runs.fc-scst.init.model" in out and "MissingInput" not in out

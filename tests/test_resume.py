@@ -35,13 +35,16 @@ RESUME = {
     "models": {"fc": {"embed_size": 16, "hidden_size": 24, "dropout": 0.1}},  # dropout: XE draws from the RNG too
     "train": {"batch_size": 20, "checkpoint_every": 2, "log_every": 1, "num_threads": 1},
 }
-RUNS = {  # replaces params.yaml's runs: just the two this file trains
-    "xe": {"fc-xe": {"model": "fc", "epochs": 3}},
-    "rl": {"fc-scst": {"model": "fc", "objective": "scst", "init": "fc-xe", "epochs": 2, "n_samples": 2}},
+RUNS = {  # replaces params.yaml's runs: just the ones this file trains, XE first
+    "fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 3}},
+    "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 2, "n_samples": 2}},
+    "fc-pg_spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
+                     "options": {"epochs": 2, "rollouts": 2}},  # an objective with a module of its own
 }
 N_BATCHES = RESUME["synthetic"]["n_train"] // RESUME["train"]["batch_size"]  # 3
-EPOCHS = {run: spec["epochs"] for kind in RUNS.values() for run, spec in kind.items()}
-INIT = {run: spec["init"] for run, spec in RUNS["rl"].items()}
+EPOCHS = {run: spec["options"]["epochs"] for run, spec in RUNS.items()}
+INIT = {run: spec["init"]["model"] for run, spec in RUNS.items() if "init" in spec}
+DATASET = "synthetic"
 JOB_TIMEOUT = 180  # seconds, for one train job (~10 s on an idle 2-core machine, mostly imports)
 # Fields that legitimately differ between two runs: wall-clock time, the MLflow run of the job.
 IGNORED = {"seconds", "mlflow_run_id"}
@@ -93,8 +96,9 @@ class Setup:
 def train_command(setup: Setup, run: str, dirs: RunDirs) -> list[str]:
     """The workflow's train command; an RL run starts from the reference XE run's checkpoint."""
     data = setup.data
-    init = ["--init", str(setup.reference[INIT[run]].checkpoint)] if run in INIT else []
-    return caprl_command("train", data.params, "--log", dirs.log, "--run", run, *data.train_args(), *init,
+    init = ["--init", f"model={setup.reference[INIT[run]].checkpoint}"] if run in INIT else []
+    return caprl_command("train", data.params, "--log", dirs.log, "--dataset", DATASET, "--run", run,
+                         *data.train_args(), *init,
                          "--checkpoint", dirs.checkpoint, "--history", dirs.history, "--state-dir", dirs.state)
 
 
@@ -129,7 +133,9 @@ def run_job(setup: Setup, run: str, dirs: RunDirs, attempt: int = 1) -> None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """A checkpoint as stored (weights_only), with its position's fields also at the top level."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    return {**payload, **payload["position"]}
 
 
 def position(path: Path) -> Pos | None:
@@ -245,7 +251,7 @@ def assert_same_as_reference(dirs: RunDirs, reference: RunDirs) -> None:
 
 def assert_all_checkpoints_load(*dirs: Path) -> None:
     """Every .pt file left behind is a complete checkpoint (weights_only, as caprl loads them)."""
-    from caprl.training import checkpoint
+    from caprl import checkpoint
 
     files = [p for d in dirs if d.exists() for p in d.rglob("*.pt")]
     for path in files:
@@ -277,6 +283,25 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 
 # --- tests -------------------------------------------------------------------------------------
+def test_objective_modules_are_in_the_checkpoint(setup: Setup) -> None:
+    """PG-SPIDEr's baseline MLP is saved with its config beside the caption model (best and last),
+    trained (it moved away from its initial weights), and its optimiser state is in last.pt."""
+    from caprl import checkpoint
+
+    dirs = setup.reference["fc-pg_spider"]
+    for path in (dirs.checkpoint, dirs.last):
+        ckpt = checkpoint.load(path)
+        assert set(ckpt.modules) == {"model", "baseline"}
+        assert ckpt.modules["baseline"].arch == "pg_spider.baseline"
+        assert ckpt.modules["baseline"].options["rollouts"] == 2
+        assert ckpt.run["method"] == "pg_spider" and ckpt.run["init"] == {"model": "fc-xe"}
+    last = checkpoint.load(dirs.last)
+    assert last.optimizer is not None and len(last.optimizer["param_groups"]) == 2
+    torch.manual_seed(0)
+    first = checkpoint.load(setup.reference["fc-xe"].checkpoint)
+    assert not torch.equal(last.modules["model"].state["logit.weight"], first.modules["model"].state["logit.weight"])
+
+
 def test_reference_runs_are_what_the_kill_points_assume(setup: Setup) -> None:
     for run, dirs in setup.reference.items():
         last = load(dirs.last)
@@ -294,6 +319,7 @@ KILL_POINTS = {
     "xe-after-last-batch": ("fc-xe", at(1, N_BATCHES)),  # step 6 saved, killed during validation
     "xe-while-saving": ("fc-xe", while_saving),         # SIGKILL while last.pt's temporary is being written
     "scst-seeded": ("fc-scst", None),                   # RL; a seeded choice of save and of delay after it
+    "pg_spider-seeded": ("fc-pg_spider", None),         # roll-outs and a baseline MLP of the objective's own
 }
 
 
@@ -372,11 +398,11 @@ def test_signal_saves_the_current_step_and_exits_then_resumes(setup: Setup, tmp_
 
 # A writer of real checkpoints for the test below: a fresh interpreter that forks one child per
 # line read (the parent has no threads, so forking is safe); the child saves n+1, n+2, ... with
-# caprl.training.checkpoint.save until it is killed; the parent prints its pid, then reaps it.
+# caprl.checkpoint.save_payload until it is killed; the parent prints its pid, then reaps it.
 WRITER = """
 import os, sys
 import torch
-from caprl.training import checkpoint
+from caprl import checkpoint
 for line in sys.stdin:
     n = int(line)
     pid = os.fork()
@@ -384,7 +410,7 @@ for line in sys.stdin:
         try:
             while True:
                 n += 1
-                checkpoint.save(sys.argv[1], {"step": n, "model_state": {
+                checkpoint.save_payload(sys.argv[1], {"step": n, "model_state": {
                     f"w{i}": torch.full((256, 256), float(n)) for i in range(8)}})
         finally:
             os._exit(1)
@@ -401,14 +427,14 @@ def _identity(path: Path) -> tuple[int, int]:
 
 @pytest.mark.timeout(120)
 def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
-    """SIGKILL a writer of real checkpoints (``caprl.training.checkpoint.save``) mid-write, many times.
+    """SIGKILL a writer of real checkpoints (``caprl.checkpoint.save_payload``) mid-write, many times.
 
     Each payload (2 MB) has every tensor filled with its save number, so a truncated or mixed
     file is seen. The writer is frozen (SIGSTOP) at a random moment after its first save and
     killed; as it does nothing but save, most kills land during a write (seen by the
     temporary that atomic_path writes beside the target).
     """
-    from caprl.training import checkpoint
+    from caprl import checkpoint
 
     path, kills, mid_write = tmp_path / "state" / "last.pt", 12, 0
     rng = random.Random(SEED)
@@ -435,7 +461,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_p
                 os.kill(pid, signal.SIGKILL)
                 assert server.stdout.readline().strip() == "reaped"
             previous = _identity(path)
-            payload = checkpoint.load(path)  # CaprlError if the kill left it truncated
+            payload = checkpoint.load_payload(path)  # CaprlError if the kill left it truncated
             assert payload["step"] > base
             assert all(bool((t == payload["step"]).all()) for t in payload["model_state"].values()), \
                 f"{path} mixes saves: {sorted({float(t.flatten()[0]) for t in payload['model_state'].values()})}"
@@ -464,7 +490,7 @@ def test_resumed_epoch_train_loss_counts_every_batch_of_the_epoch(setup: Setup, 
     """
     from caprl import params as params_mod
     from caprl.training import run as run_mod
-    from caprl.training.data import CaptionData, DataPaths
+    from caprl.data.loader import CaptionData, DataPaths
     from caprl.training.loop import Preempted, Trainer
 
     d = setup.data
@@ -488,11 +514,11 @@ def test_resumed_epoch_train_loss_counts_every_batch_of_the_epoch(setup: Setup, 
     try:
         monkeypatch.setattr(Trainer, "_step", step_then_sigterm)
         with pytest.raises(Preempted) as stopped:
-            run_mod.train(params, "fc-xe", data, str(d.cider_df), None, tmp_path / "state")
+            run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
         assert stopped.value.code == 128 + signal.SIGTERM
         assert position(tmp_path / "state" / "last.pt") == Pos(0, stop_after, stop_after)
         monkeypatch.setattr(Trainer, "_step", real_step)
-        _, history = run_mod.train(params, "fc-xe", data, str(d.cider_df), None, tmp_path / "state")
+        _, history = run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

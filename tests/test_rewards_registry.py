@@ -65,3 +65,14 @@ def test_bcmr_with_meteor_runs_one_jvm_and_closes_it():
     assert 0 < scores[0] <= 1 and scores[2] == 0
     reward.close()
     assert process.poll() is not None
+
+
+def test_build_mix_routes_options_to_the_components_that_take_them():
+    from caprl.rewards import build_mix
+
+    ids, caps = [1, 2], CAPS[:2]
+    mix = build_mix("m", {"cider_d": 1.0, "bleu1": 0.5}, REFS, sigma=3.0)
+    expected = build_reward("cider_d", REFS, sigma=3.0)(ids, caps) + 0.5 * build_reward("bleu1", REFS)(ids, caps)
+    np.testing.assert_allclose(mix(ids, caps), expected, rtol=0, atol=1e-12)
+    with pytest.raises(CaprlError, match=r"bad options \['corenlp_dir'\]"):
+        build_mix("m", {"cider_d": 1.0}, REFS, corenlp_dir="/x")

@@ -148,7 +148,7 @@ def xe_batch(n_images: int = 2) -> Batch:
 def test_xe_gives_every_parameter_a_gradient(arch: str) -> None:
     model = make(arch, dropout=0.1).train()
     env = ObjectiveEnv(decode_words=lambda t: [], reward=lambda name: None, max_length=6)
-    loss, metrics = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env).loss(model, xe_batch())
+    loss, metrics = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model).loss(model, xe_batch())
     loss.backward()
     for name, p in model.named_parameters():
         if name == "embed.weight":  # only the rows of words that occur
@@ -203,15 +203,18 @@ def test_beam_scores_are_the_last_stage_logprobs(arch: str) -> None:
 
 # --------------------------------------------------------------------------- tables
 
-def table_params(dataset: str = "synthetic") -> dict:
+def table_params() -> dict:
     return {
-        "dataset": {"name": dataset}, "evaluate": {"split": "test"}, "decode": {"beam_size": 5},
+        "datasets": {"synthetic": {"enabled": True}, "coco": {"enabled": True}},
+        "evaluate": {"split": "test"}, "decode": {"beam_size": 5},
         "models": {"lstm": {"arch": "fc"}, "sc": {"arch": "stackcap"}, "scs": {"arch": "stackcap_star"},
                    "td": {"arch": "topdown"}},
-        "runs": {"xe": {"a-xe": {"model": "lstm"}, "b-xe": {"model": "sc"}, "c-xe": {"model": "scs"}},
-                 "rl": {"a-rl": {"model": "lstm", "objective": "scst", "init": "a-xe"},
-                        "b-rl": {"model": "sc", "objective": "c2f", "init": "b-xe"},
-                        "b-rl2": {"model": "sc", "objective": "scst", "init": "b-xe"}}},
+        "objectives": {"xe": {}, "scst": {}, "c2f": {}},
+        "runs": {"a-xe": {"method": "xe", "model": "lstm"}, "b-xe": {"method": "xe", "model": "sc"},
+                 "c-xe": {"method": "xe", "model": "scs"},
+                 "a-rl": {"method": "scst", "model": "lstm", "init": {"model": "a-xe"}},
+                 "b-rl": {"method": "c2f", "model": "sc", "init": {"model": "b-xe"}},
+                 "b-rl2": {"method": "scst", "model": "sc", "init": {"model": "b-xe"}}},
     }
 
 
@@ -221,16 +224,19 @@ def scores_of(*runs: str) -> dict:
     return {r: {"run": r, "metrics": metrics, "unavailable": {"SPICE": "no Java"}} for r in runs}
 
 
-def test_rows_are_found_by_arch_and_objective_not_by_name() -> None:
+def test_rows_are_found_by_arch_and_method_not_by_name() -> None:
     params = table_params()
-    assert matching_runs(params, "stackcap", None) == ["b-xe"]
-    assert matching_runs(params, "stackcap", "c2f") == ["b-rl"]
-    assert matching_runs(params, "topdown", None) == []
+    assert matching_runs(params, "synthetic", "stackcap", "xe") == ["b-xe"]
+    assert matching_runs(params, "synthetic", "stackcap", "c2f") == ["b-rl"]
+    assert matching_runs(params, "synthetic", "topdown", "xe") == []
+    params["runs"]["b-rl"]["datasets"] = ["coco"]  # trains on coco only: not a row of the synthetic tables
+    assert matching_runs(params, "synthetic", "stackcap", "c2f") == []
+    assert matching_runs(params, "coco", "stackcap", "c2f") == ["b-rl"]
 
 
 def test_tables_on_synthetic_show_ours_and_missing_runs_as_missing() -> None:
     params, scores = table_params(), scores_of("a-xe", "b-xe", "b-rl")
-    t1 = stackcap_table1(params, scores)
+    t1 = stackcap_table1(params, "synthetic", scores)
     rows = dict(t1.rows)
     assert list(rows) == ["LSTM (XE)", "LSTM3 layers (XE)", "LSTM+Att_Soft (XE)", "LSTM+Att_Top-Down (XE)",
                           "Stack-Cap* (XE)", "Stack-Cap (XE)"]
@@ -238,9 +244,9 @@ def test_tables_on_synthetic_show_ours_and_missing_runs_as_missing() -> None:
     assert all(c.ours is None and c.paper is None for c in rows["Stack-Cap* (XE)"])  # run defined, no scores
     assert all(c.ours is None for c in rows["LSTM3 layers (XE)"])
     assert "—" in t1.markdown() and "paper" not in t1.markdown()
-    t2 = dict(stackcap_table2(params, scores).rows)
+    t2 = dict(stackcap_table2(params, "synthetic", scores).rows)
     assert t2["Stack-Cap (C2F)"][0].ours == pytest.approx(50.0)
-    t3 = stackcap_table3(params, scores)
+    t3 = stackcap_table3(params, "synthetic", scores)
     assert [label for label, _ in t3.rows] == ["Stack-Cap (C2F), ours"]
     assert t3.columns == ["B@1", "B@2", "B@3", "B@4", "M", "R", "C", "S"]
     assert t3.rows[0][1][5].ours == pytest.approx(45.0) and t3.rows[0][1][7].ours is None
@@ -248,26 +254,26 @@ def test_tables_on_synthetic_show_ours_and_missing_runs_as_missing() -> None:
 
 
 def test_tables_on_coco_carry_the_paper_numbers() -> None:
-    params, scores = table_params("coco"), scores_of("b-rl")
-    t2 = dict(stackcap_table2(params, scores).rows)
+    params, scores = table_params(), scores_of("b-rl")
+    t2 = dict(stackcap_table2(params, "coco", scores).rows)
     cell = t2["Stack-Cap (C2F)"][5]
     assert cell.paper == 120.4 and cell.ours == pytest.approx(110.0)
     assert t2["LSTM3 layers (SCST, CIDEr)"][0] == Cell(None, 73.0)
-    t1 = dict(stackcap_table1(params, scores).rows)
+    t1 = dict(stackcap_table1(params, "coco", scores).rows)
     assert [c.paper for c in t1["Stack-Cap* (XE)"]] == [75.6, 59.6, 45.6, 34.6, 26.3, 108.0]
-    t3 = stackcap_table3(params, scores)
+    t3 = stackcap_table3(params, "coco", scores)
     assert len(t3.rows) == len(paper_numbers.TABLE3_PRIOR) + 1
     nic = t3.rows[0][1]
     assert nic[3] == Cell(None, 27.7) and nic[0] == Cell(None, None)
     ours = t3.rows[-1][1]
     assert [c.paper for c in ours] == [78.6, 62.5, 47.9, 36.1, 27.4, 56.9, 120.4, 20.9]
-    assert "(paper 120.4, -10.4)" in stackcap_table3(params, scores).markdown()
+    assert "(paper 120.4, -10.4)" in stackcap_table3(params, "coco", scores).markdown()
 
 
 def test_several_runs_of_one_row_are_named() -> None:
     params = table_params()
-    params["runs"]["xe"]["d-xe"] = {"model": "sc"}
-    labels = [label for label, _ in stackcap_table1(params, {}).rows]
+    params["runs"]["d-xe"] = {"method": "xe", "model": "sc"}
+    labels = [label for label, _ in stackcap_table1(params, "synthetic", {}).rows]
     assert "Stack-Cap (XE) [b-xe]" in labels and "Stack-Cap (XE) [d-xe]" in labels
 
 

@@ -29,7 +29,10 @@ STAGES: dict[str, tuple[str, str]] = {
     "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
     "tables": ("caprl.tables.build", "build the result tables (Markdown, CSV, LaTeX)"),
     "attention-figure": ("caprl.figures.attention", "Stack-Cap Fig. 3: every stage's caption with its attention maps (PNG)"),
+    "dvc-yaml": ("caprl.dvc_gen", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
 }
+# Stages that maintain the repository, not steps of the DAG.
+TOOLS = {"score", "dvc-yaml"}
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:

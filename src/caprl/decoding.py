@@ -1,16 +1,32 @@
-"""Batched decoding for every registered model: greedy, sampling and beam search.
+"""Batched decoding for every registered model, as a toolkit.
 
-All functions take an already-encoded context (``model.encode``) so that a caller that
-needs both samples and a greedy baseline encodes the images once.
+* :func:`start` begins a decode for a batch (``n`` rows per image) and returns a
+  :class:`DecodeState`; :func:`rollout` continues ANY state for a number of steps, by
+  greedy choice, sampling, or a relaxed (straight-through / soft) estimator. ``sample`` is
+  ``start`` + ``rollout``.
+* :func:`rollouts_from_prefixes` continues every prefix of a batch of sampled captions
+  ``k`` times, all in one batch (Monte-Carlo roll-outs, PG-SPIDEr).
+* :class:`Samples` carries each step's tokens, log-probabilities, mask, entropy, and on
+  request the hidden state the output layer read and the relaxed (soft) one-hot rows.
+* Decoders used for evaluation are chosen by name (:data:`DECODERS`); :func:`decode_split`
+  is the one "decode a split in batches" loop (validation, evaluation, figures).
+
+Every tensor made here takes the device of the context; on CUDA the loop never waits for
+the device (no early exit test, which would synchronise), on CPU it stops when every row
+has ended.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
+from tqdm import tqdm
 
 from caprl.models.base import Batch, CaptionModel, map_batch
+from caprl.registry import Registry
 
 
 @dataclass
@@ -19,25 +35,45 @@ class Samples:
 
     ``tokens [N, S, T]`` (0 after a caption's end), ``logprobs [N, S, T]`` of the chosen
     tokens (differentiable unless decoded under no_grad), ``mask [N, S, T]`` (1 for tokens
-    that belong to the caption, its end token included), ``attention [N, S, T, R]`` or None.
+    that belong to the caption, its end token included), ``entropy [N, S, T]`` of each
+    step's distribution (masked), ``attention [N, S, T, R]`` or None; on request
+    ``hidden [N, S, T, H]`` and relaxed rows ``soft [N, S, T, V]``; ``after[t]`` is the
+    decode state after step t (to continue any prefix, see :func:`rollout`).
     """
 
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
-    attention: torch.Tensor | None
+    entropy: torch.Tensor
+    attention: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    soft: torch.Tensor | None = None
+    after: list["DecodeState"] = field(default_factory=list)
 
     def last_stage(self) -> torch.Tensor:
         return self.tokens[:, -1]
 
 
 @dataclass
+class DecodeState:
+    """Where a batch of decodes stands: the model state, each row's previous word, which
+    rows have ended, and the number of words emitted so far."""
+
+    ctx: Batch
+    state: tuple[torch.Tensor, ...]
+    prev: torch.Tensor  # [N, S]
+    finished: torch.Tensor  # [N, S] bool
+    t: int = 0
+
+
+@dataclass
 class Noise:
-    """Sampling noise that depends only on (seed, step, call, global row).
+    """Sampling noise that depends only on (seed, step, call, position, global row).
 
     A batch split over several processes (DDP) draws, for its rows, exactly the noise one
     process would draw for the whole batch, so both sample the same captions. The image
-    block this process holds is ``[offset, offset + its images)`` of ``total`` images.
+    block this process holds is ``[offset, offset + its images)`` of ``total`` images. The
+    noise is drawn on the device of the model.
     """
 
     seed: int
@@ -46,12 +82,58 @@ class Noise:
     offset: int = 0
     calls: int = 0
 
-    def gumbel(self, t: int, rows: int, per_image: int, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(hash((self.seed, self.step, self.calls, t)) % (2**63))
-        u = torch.rand(self.total * per_image, *shape, generator=gen)
+    def gumbel(self, t: int, rows: int, per_image: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        gen = torch.Generator(device=device).manual_seed(hash((self.seed, self.step, self.calls, t)) % (2**63))
         start = self.offset * per_image
-        u = u[start : start + rows].to(device)
+        u = torch.rand(self.total * per_image, *shape, generator=gen, device=device)[start : start + rows]
         return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
+
+
+# --- relaxed samples (straight-through estimators), by name ------------------------------
+Estimator = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+ESTIMATORS: Registry[Callable[..., Estimator]] = Registry("relaxed-sample estimator")
+
+
+def _one_hot_st(word: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Straight-through one-hot: the forward value is one-hot, the gradient that of ``probs``."""
+    hard = F.one_hot(word, probs.shape[-1]).to(probs.dtype)
+    return hard - probs.detach() + probs
+
+
+@ESTIMATORS.register("st_gumbel")
+def st_gumbel(tau: float = 1.0, rho: float = 0.0) -> Estimator:
+    """Straight-through Gumbel-softmax (torch's ``gumbel_softmax(hard=True)``); with ``rho`` > 0
+    a fraction rho of the rows passes the soft Gumbel-softmax sample instead (PSST)."""
+
+    def estimate(logprobs: torch.Tensor, _gumbel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        soft = F.gumbel_softmax(logprobs, tau=tau, hard=False, dim=-1)
+        word = soft.argmax(dim=-1)
+        rows = _one_hot_st(word, soft)
+        return word, _partial(rows, soft, rho)
+
+    return estimate
+
+
+@ESTIMATORS.register("st_multinomial")
+def st_multinomial(tau: float = 1.0, rho: float = 0.0) -> Estimator:
+    """Straight-through multinomial sample; with ``rho`` > 0 a fraction rho of the rows passes
+    the full distribution softmax(logits / tau) (PSST multinomial)."""
+
+    def estimate(logprobs: torch.Tensor, _gumbel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(logprobs / tau, dim=-1)
+        flat = probs.detach().reshape(-1, probs.shape[-1])
+        word = torch.multinomial(flat, 1).view(probs.shape[:-1])
+        return word, _partial(_one_hot_st(word, probs), probs, rho)
+
+    return estimate
+
+
+def _partial(hard_rows: torch.Tensor, soft_rows: torch.Tensor, rho: float) -> torch.Tensor:
+    """Per row, the soft distribution with probability ``rho``, else the straight-through one-hot."""
+    if rho <= 0:
+        return hard_rows
+    pick = torch.rand(hard_rows.shape[:-1], device=hard_rows.device) < rho
+    return torch.where(pick.unsqueeze(-1), soft_rows, hard_rows)
 
 
 def expand(ctx: Batch, n: int) -> Batch:
@@ -59,55 +141,162 @@ def expand(ctx: Batch, n: int) -> Batch:
     return ctx if n == 1 else map_batch(lambda t: t.repeat_interleave(n, dim=0), ctx)
 
 
-def sample(
+def _first(obj: Batch) -> torch.Tensor:
+    return next(_tensors(obj))
+
+
+def start(model: CaptionModel, ctx: Batch, n: int = 1) -> DecodeState:
+    """Begin ``n`` decodes per image from the start token."""
+    ctx = expand(ctx, n)
+    first = _first(ctx)
+    rows, stages = first.shape[0], model.n_stages
+    return DecodeState(
+        ctx=ctx,
+        state=model.init_state(ctx),
+        prev=torch.zeros(rows, stages, dtype=torch.long, device=first.device),
+        finished=torch.zeros(rows, stages, dtype=torch.bool, device=first.device),
+    )
+
+
+def rollout(
     model: CaptionModel,
-    ctx: Batch,
-    max_length: int,
-    n: int = 1,
+    at: DecodeState,
+    steps: int,
+    *,
     greedy: bool = False,
     temperature: float = 1.0,
     noise: Noise | None = None,
+    per_image: int = 1,
+    estimator: Estimator | None = None,
+    keep_hidden: bool = False,
+    keep_states: bool = False,
 ) -> Samples:
-    """``n`` captions per image from every stage; each stage reads its own previous word.
+    """Continue the decodes of ``at`` for up to ``steps`` words (``at`` is not modified).
 
-    Sampling draws from the global torch RNG, or, given ``noise``, by Gumbel-max with
-    noise that is a function of the global row (see :class:`Noise`).
+    Choice of each word: argmax (``greedy``), an ``estimator`` (relaxed rows in
+    ``Samples.soft``), Gumbel-max with ``noise`` (``per_image`` rows per image of the
+    global batch), or the global torch RNG. Rows that already ended emit 0 at no cost.
     """
-    ctx = expand(ctx, n)
-    state = model.init_state(ctx)
-    first = next(t for t in _tensors(ctx))
-    rows, stages = first.shape[0], model.n_stages
-    prev = torch.zeros(rows, stages, dtype=torch.long, device=first.device)
-    finished = torch.zeros(rows, stages, dtype=torch.bool, device=first.device)
-    tokens, logprobs, masks, attentions = [], [], [], []
-    for t in range(max_length):
-        out = model.step(prev, ctx, state)
+    state, prev, finished = at.state, at.prev, at.finished
+    rows = prev.shape[0]
+    stop_early = prev.device.type == "cpu"  # on CUDA, .all() would wait for the device
+    tokens, logprobs, masks, entropies, attentions, hiddens, softs, after = [], [], [], [], [], [], [], []
+    for i in range(steps):
+        out = model.step(prev, at.ctx, state)
         state = out.state
         scaled = out.logprobs if temperature == 1.0 else torch.log_softmax(out.logprobs / temperature, dim=-1)
         if greedy:
             word = scaled.argmax(dim=-1)
+        elif estimator is not None:
+            word, soft = estimator(scaled, None)
+            softs.append(soft)
         elif noise is not None:
-            word = (scaled.detach() + noise.gumbel(t, rows, n, tuple(scaled.shape[1:]), scaled.device)).argmax(dim=-1)
+            gumbel = noise.gumbel(at.t + i, rows, per_image, tuple(scaled.shape[1:]), scaled.device)
+            word = (scaled.detach() + gumbel).argmax(dim=-1)
         else:
-            word = torch.multinomial(scaled.detach().exp().view(rows * stages, -1), 1).view(rows, stages)
+            word = torch.multinomial(scaled.detach().exp().view(-1, scaled.shape[-1]), 1).view(rows, -1)
         word = word.masked_fill(finished, 0)
-        masks.append((~finished).to(scaled.dtype))
-        logprobs.append(scaled.gather(-1, word.unsqueeze(-1)).squeeze(-1) * masks[-1])
+        live = (~finished).to(scaled.dtype)
+        masks.append(live)
+        logprobs.append(scaled.gather(-1, word.unsqueeze(-1)).squeeze(-1) * live)
+        entropies.append(-(scaled.exp() * scaled).sum(dim=-1) * live)
         tokens.append(word)
         if out.attention is not None:
             attentions.append(out.attention)
+        if keep_hidden:
+            hiddens.append(out.hidden)
         finished = finished | (word == 0)
         prev = word
-        if bool(finished.all()):
+        if keep_states:
+            after.append(DecodeState(at.ctx, state, word, finished, at.t + i + 1))
+        if stop_early and bool(finished.all()):
             break
-    if noise is not None and not greedy:
+    if noise is not None and not greedy and estimator is None:
         noise.calls += 1
     return Samples(
-        tokens=_pad(torch.stack(tokens, dim=2), max_length),
-        logprobs=_pad(torch.stack(logprobs, dim=2), max_length),
-        mask=_pad(torch.stack(masks, dim=2), max_length),
+        tokens=_pad(torch.stack(tokens, dim=2), steps),
+        logprobs=_pad(torch.stack(logprobs, dim=2), steps),
+        mask=_pad(torch.stack(masks, dim=2), steps),
+        entropy=_pad(torch.stack(entropies, dim=2), steps),
         attention=torch.stack(attentions, dim=2) if attentions else None,
+        hidden=torch.stack(hiddens, dim=2) if hiddens else None,
+        soft=torch.stack(softs, dim=2) if softs else None,
+        after=after,
     )
+
+
+def sample(model: CaptionModel, ctx: Batch, max_length: int, n: int = 1, greedy: bool = False,
+           temperature: float = 1.0, noise: Noise | None = None, **options: Any) -> Samples:
+    """``n`` captions per image from every stage; each stage reads its own previous word."""
+    return rollout(model, start(model, ctx, n), max_length, greedy=greedy, temperature=temperature, noise=noise,
+                   per_image=n, **options)
+
+
+def rollouts_from_prefixes(model: CaptionModel, samples: Samples, k: int, max_length: int,
+                           noise: Noise | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """Complete every prefix ``g_{1:t}`` (t = 1..T) of ``samples`` ``k`` times, in one batch.
+
+    ``samples`` must come from :func:`rollout` with ``keep_states=True``. Returns tokens
+    ``[N, T, K, S, max_length]``: row (i, t, k) is caption i's first t+1 words followed by
+    roll-out k (a prefix that already ended is returned as it is).
+    """
+    states = samples.after
+    n_rows, steps = samples.tokens.shape[0], len(states)
+    joined = _interleave([s.state for s in states], k)
+    at = DecodeState(
+        ctx=map_batch(lambda x: x.repeat_interleave(steps * k, dim=0), states[0].ctx),
+        state=joined,
+        prev=_interleave([s.prev for s in states], k),
+        finished=_interleave([s.finished for s in states], k),
+    )
+    cont = rollout(model, at, max_length - 1, temperature=temperature, noise=noise, per_image=steps * k).tokens
+    cont = cont.view(n_rows, steps, k, *cont.shape[1:])  # [N, T, K, S, L-1]
+    out = cont.new_zeros(n_rows, steps, k, cont.shape[3], max_length)
+    for t in range(steps):  # prefix t+1 words, then max_length - t - 1 continued words
+        out[:, t, :, :, : t + 1] = samples.tokens[:, None, :, : t + 1]
+        out[:, t, :, :, t + 1 :] = cont[:, t, :, :, : max_length - t - 1]
+    return out
+
+
+def _interleave(per_step: Sequence[Any], k: int) -> Any:
+    """``T`` batches of ``[N, ...]`` -> one ``[N*T*K, ...]`` (image-major, then step, then copy)."""
+    if isinstance(per_step[0], torch.Tensor):
+        x = torch.stack(list(per_step), dim=1)  # [N, T, ...]
+        x = x.repeat_interleave(k, dim=1)
+        return x.reshape(-1, *x.shape[2:])
+    return type(per_step[0])(_interleave([s[j] for s in per_step], k) for j in range(len(per_step[0])))
+
+
+# --- decoders for evaluation, by name ------------------------------------------------------
+Decoder = Callable[..., torch.Tensor]
+DECODERS: Registry[Decoder] = Registry("decoder")
+
+
+@DECODERS.register("greedy")
+def greedy_decoder(model: CaptionModel, ctx: Batch, max_length: int, **_: Any) -> torch.Tensor:
+    """``[B, 1, T]``: the greedy caption of the last stage."""
+    return sample(model, ctx, max_length, greedy=True).last_stage().unsqueeze(1)
+
+
+@DECODERS.register("sample")
+def sample_decoder(model: CaptionModel, ctx: Batch, max_length: int, n: int = 1, temperature: float = 1.0,
+                   **_: Any) -> torch.Tensor:
+    """``[B, n, T]``: ``n`` random samples per image (global RNG: seed it for reruns)."""
+    out = sample(model, ctx, max_length, n=n, temperature=temperature).last_stage()
+    return out.view(-1, n, out.shape[-1])
+
+
+@DECODERS.register("beam")
+def beam_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, **_: Any) -> torch.Tensor:
+    """``[B, 1, T]``: the best beam."""
+    return beam_search(model, ctx, beam_size, max_length)[0][:, :1]
+
+
+@DECODERS.register("top_k_beams")
+def top_k_beams_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, n: int = 5,
+                        **_: Any) -> torch.Tensor:
+    """``[B, n, T]``: the ``n`` best of ``beam_size`` beams."""
+    return beam_search(model, ctx, max(beam_size, n), max_length)[0][:, :n]
 
 
 def beam_search(
@@ -121,8 +310,9 @@ def beam_search(
     k = beam_size
     ctx_k = expand(ctx, k)
     state = model.init_state(ctx_k)
-    first = next(t for t in _tensors(ctx))
+    first = _first(ctx)
     batch, device = first.shape[0], first.device
+    stop_early = device.type == "cpu"
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
@@ -144,14 +334,35 @@ def beam_search(
         finished = finished.gather(1, beam) | (word == 0)
         scores = top_scores
         prev = word.view(-1)
-        if bool(finished.all()):
+        if stop_early and bool(finished.all()):
             break
     order = scores.argsort(dim=1, descending=True)
     tokens = tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.shape[2]))
     return _pad(tokens, max_length), scores.gather(1, order)
 
 
-def _tensors(obj: Batch):
+def decode_split(
+    model: CaptionModel,
+    features_of: Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]],
+    image_ids: Sequence[int],
+    decode: Callable[[CaptionModel, Batch], Any],
+    batch_size: int,
+    desc: str = "decode",
+) -> Iterator[tuple[list[int], Any]]:
+    """Decode ``image_ids`` in batches on the model's device (eval mode, no gradient).
+
+    ``decode(model, ctx)`` returns anything; yields ``(ids, result)`` per batch.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for i in tqdm(range(0, len(image_ids), batch_size), desc=desc, leave=False, mininterval=2.0, disable=None):
+            ids = list(image_ids[i : i + batch_size])
+            pooled, regions = features_of(ids)
+            yield ids, decode(model, model.encode(pooled.to(device), regions.to(device)))
+
+
+def _tensors(obj: Batch) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, dict):

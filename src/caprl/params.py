@@ -7,6 +7,7 @@ same file Snakemake's ``validate`` uses), so every stage checks exactly what the
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,29 +76,117 @@ def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
     if not isinstance(params, dict):
         raise CaprlError(f"{p}: expected a mapping of sections at the top level")
     validate(params, find_schema(p), source=str(p))
+    check(params)
     return params
 
 
-RUN_KEYS = ("model", "objective", "init")
+# -- what the schema cannot say: names that refer to other sections -------------------------
+
+def check(params: dict[str, Any]) -> None:
+    """Cross-references between sections (run -> method/model/init/datasets, objective -> reward,
+    dataset -> reader); CaprlError naming the key. Run by :func:`load` and by the workflow plan."""
+    from caprl.data.readers import READERS
+
+    for name, spec in params["datasets"].items():
+        reader = READERS.get(spec["format"], where=f"datasets.{name}.format")
+        if spec["generate"] and not reader.generated:
+            raise CaprlError(f"datasets.{name}.generate: the built-in generator writes the karpathy format, "
+                             f"not '{spec['format']}'")
+    if not enabled_datasets(params):
+        raise CaprlError("datasets: no dataset has enabled: true; enable at least one")
+    for method, options in params["objectives"].items():
+        _check_reward(params, options, f"objectives.{method}.reward")
+    for run in params["runs"]:
+        spec = run_spec(params, run)
+        _check_reward(params, spec.options, f"runs.{run}.options.reward")
+        for role, source in spec.init.items():
+            if source not in params["runs"]:
+                raise CaprlError(f"runs.{run}.init.{role}: no run named '{source}' under runs: "
+                                 f"(runs: {', '.join(params['runs'])})")
+            missing = [ds for ds in spec.datasets if ds not in run_spec(params, source).datasets]
+            if missing:
+                raise CaprlError(f"runs.{run}.init.{role}: run '{source}' does not train on {', '.join(missing)} "
+                                 f"(set runs.{source}.datasets, or runs.{run}.datasets)")
+    for run in params["runs"]:
+        _check_no_cycle(params, run)
 
 
-def run_spec(params: dict[str, Any], run: str) -> dict[str, Any]:
-    """The settings of one training run: ``{'name', 'model', 'objective', 'init', 'options'}``.
+def _check_reward(params: dict[str, Any], options: dict[str, Any], key: str) -> None:
+    reward = options.get("reward")
+    if reward is not None and reward not in params["rewards"]:
+        raise CaprlError(f"{key}: '{reward}' is not a reward under rewards: ({', '.join(params['rewards'])})")
 
-    ``options`` are the objective's options from ``objectives.<objective>`` with the run's
-    own overrides (any other key of its ``runs`` entry, e.g. ``epochs``) on top.
+
+def _check_no_cycle(params: dict[str, Any], run: str, path: tuple[str, ...] = ()) -> None:
+    """A run must not start, through its ``init`` runs, from itself."""
+    if run in path:
+        raise CaprlError(f"runs.{path[0]}.init: the runs start from each other: {' -> '.join(path + (run,))}")
+    for source in params["runs"][run].get("init", {}).values():
+        _check_no_cycle(params, source, path + (run,))
+
+
+# -- typed views of one section entry ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One entry of ``runs:``, resolved.
+
+    ``options``: ``objectives.<method>`` with the run's ``options`` on top; ``init``: role ->
+    the run whose best checkpoint that module starts from; ``datasets``: the enabled datasets
+    it trains on (its ``datasets:`` or every enabled dataset).
     """
+
+    name: str
+    method: str
+    model: str
+    options: dict[str, Any]
+    init: dict[str, str] = field(default_factory=dict)
+    datasets: list[str] = field(default_factory=list)
+
+
+def run_spec(params: dict[str, Any], run: str) -> RunSpec:
+    """The resolved spec of ``runs.<run>``; CaprlError naming the key for a bad reference."""
     runs = params["runs"]
-    if run in runs["xe"]:
-        entry = {"objective": "xe", "init": None, **runs["xe"][run]}
-    elif run in runs["rl"]:
-        entry = dict(runs["rl"][run])
+    if run not in runs:
+        raise CaprlError(f"unknown run '{run}': params.yaml runs: defines {', '.join(runs) or 'none'}")
+    entry = runs[run]
+    method, model = entry["method"], entry["model"]
+    if method not in params["objectives"]:
+        raise CaprlError(f"runs.{run}.method: '{method}' is not under objectives: "
+                         f"({', '.join(params['objectives'])})")
+    if model not in params["models"]:
+        raise CaprlError(f"runs.{run}.model: '{model}' is not under models: ({', '.join(params['models'])})")
+    defaults = params["objectives"][method]
+    overrides = entry.get("options", {})
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise CaprlError(f"runs.{run}.options.{unknown[0]}: objectives.{method} has no option '{unknown[0]}' "
+                         f"(its options: {', '.join(defaults)})")
+    listed = entry.get("datasets")
+    if listed is None:
+        datasets = enabled_datasets(params)
     else:
-        entry = None
-    if entry is not None:
-        overrides = {k: v for k, v in entry.items() if k not in RUN_KEYS}
-        options = {**params["objectives"].get(entry["objective"], {}), **overrides}
-        return {"name": run, "model": entry["model"], "objective": entry["objective"], "init": entry["init"],
-                "options": options}
-    known = sorted(runs["xe"]) + sorted(runs["rl"])
-    raise CaprlError(f"unknown run '{run}': params.yaml runs.xe / runs.rl define {', '.join(known)}")
+        for ds in listed:
+            if ds not in params["datasets"]:
+                raise CaprlError(f"runs.{run}.datasets: no dataset named '{ds}' under datasets: "
+                                 f"({', '.join(params['datasets'])})")
+        datasets = [ds for ds in listed if params["datasets"][ds]["enabled"]]
+    return RunSpec(name=run, method=method, model=model, options={**defaults, **overrides},
+                   init=dict(entry.get("init", {})), datasets=datasets)
+
+
+def enabled_datasets(params: dict[str, Any]) -> list[str]:
+    """The datasets the DAG builds, in params.yaml order."""
+    return [name for name, spec in params["datasets"].items() if spec["enabled"]]
+
+
+def dataset_spec(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """``datasets.<name>`` with ``name`` added and ``synthetic`` = the generator settings it uses
+    (the ``synthetic:`` section with the dataset's own overrides on top)."""
+    datasets = params["datasets"]
+    if name not in datasets:
+        raise CaprlError(f"datasets.{name}: no such dataset in params.yaml (datasets: {', '.join(datasets)})")
+    spec = dict(datasets[name])
+    spec["synthetic"] = {**params["synthetic"], **spec.get("synthetic", {})}
+    spec["name"] = name
+    return spec

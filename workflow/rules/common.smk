@@ -1,55 +1,97 @@
-# Paths and helpers shared by the rules. params.yaml is the only source of parameters:
-# every stage reads it (PARAMS) and validates it again.
-import os
+# The plan of the workflow (caprl.workflow_plan, shared with `caprl dvc-yaml`): enabled
+# datasets, training jobs (dataset, run), evaluated runs, skipped runs, every path pattern.
+# params.yaml is the only source of parameters: every stage reads it (PARAMS) and checks it.
+import re
+
+from caprl import workflow_plan as wp
+from caprl.errors import CaprlError
 
 PARAMS = "params.yaml"
-DS = config["dataset"]["name"]
-BACKBONE = config["features"]["backbone"]
-RUNS_XE = config["runs"]["xe"]
-RUNS_RL = config["runs"]["rl"]
-ALL_RUNS = list(RUNS_XE) + list(RUNS_RL)
+try:
+    PLAN = wp.build_plan(config)
+except CaprlError as exc:
+    raise WorkflowError(f"{PARAMS}: {exc}")
+for reason in PLAN.missing_raw():
+    raise WorkflowError(reason)
+for (ds, run), reason in PLAN.skipped.items():
+    logger.warning(f"run {run} on dataset {ds} is skipped: {reason}")
+
+DATASETS = PLAN.datasets
+GENERATED = [ds for ds, spec in DATASETS.items() if spec.generate]
+EVAL_SPLIT = config["evaluate"]["split"]
+TABLE_FILES = PLAN.table_files()
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches on CPU.
 TRAIN_GPUS = config["train"]["gpus"]
-FEATURES_GPUS = 0 if BACKBONE == "patches" else 1
 
-RAW_JSON = config["dataset"]["karpathy_json"]
-IMAGE_ROOT = config["dataset"]["image_root"]
-ANNOTATIONS = f"data/{DS}/annotations.json"
-VOCAB = f"data/{DS}/vocab.json"
-LABELS = f"data/{DS}/labels.h5"
-CIDER_DF = f"data/{DS}/cider_df.json"
-SHARD_DIR = f"data/{DS}/features/{BACKBONE}"
-FEATURES = f"data/{DS}/features_{BACKBONE}.h5"
-RESULTS = f"results/{DS}"
-REFS = f"data/{DS}/refs_{config['evaluate']['split']}.json"
-TABLE_FILES = expand("results/tables/{ds}_{table}.{ext}", ds=DS, table=config["tables"], ext=["md", "csv", "tex"])
 
-if not config["dataset"]["synthetic"] and not os.path.exists(RAW_JSON):
-    raise WorkflowError(
-        f"dataset.karpathy_json: {RAW_JSON} does not exist. Put the Karpathy split file there "
-        f"(dataset_coco.json / dataset_flickr30k.json from Karpathy's caption_datasets release) and the "
-        f"images under {IMAGE_ROOT}, or set dataset.synthetic: true. See README.md, 'Real data'."
-    )
+def one_of(names):
+    return "|".join(re.escape(name) for name in names) or "none"
+
 
 wildcard_constraints:
-    run="|".join(ALL_RUNS) or "none",
+    dataset=one_of(DATASETS),
+    run=one_of({run for _, run in PLAN.jobs}),
     shard=r"\d+",
 
 
-def init_checkpoint(wildcards):
-    """RL runs start from their XE run's best checkpoint; XE runs from scratch."""
-    spec = RUNS_RL.get(wildcards.run)
-    return [f"runs/{DS}/{spec['init']}/best.pt"] if spec else []
+def dataset(wildcards):
+    return DATASETS[wildcards.dataset]
 
 
-def init_arg(wildcards):
-    return " ".join(f"--init {path}" for path in init_checkpoint(wildcards))
+def raw_file(wildcards):
+    return dataset(wildcards).raw
+
+
+def media_root(wildcards):
+    return dataset(wildcards).media_root
+
+
+def synthesize_settings(wildcards):
+    return {"synthetic": config["synthetic"], "dataset": config["datasets"][wildcards.dataset], "seed": config["seed"]}
+
+
+def features_file(wildcards):
+    return dataset(wildcards).features
+
+
+def features_gpus(wildcards):
+    return 0 if dataset(wildcards).backbone == "patches" else 1
+
+
+def shard_files(wildcards):
+    return [dataset(wildcards).shard(shard) for shard in config["features"]["shards"]]
+
+
+def train_job(wildcards):
+    return PLAN.job(wildcards.dataset, wildcards.run)
+
+
+def init_checkpoints(wildcards):
+    """Each role's starting checkpoint: runs/<dataset>/<run>/best.pt of its init run."""
+    return list(train_job(wildcards).init.values())
+
+
+def init_args(wildcards):
+    return train_job(wildcards).init_args()
 
 
 def run_settings(wildcards):
     """The params a run depends on: a change re-runs it (Snakemake's params trigger)."""
-    spec = RUNS_XE.get(wildcards.run) or RUNS_RL[wildcards.run]
-    objective = spec.get("objective", "xe")
-    return {"spec": spec, "model": config["models"][spec["model"]], "objective": config["objectives"][objective],
-            "train": config["train"], "decode": config["decode"], "seed": config["seed"]}
+    spec = train_job(wildcards).spec
+    reward = spec.options.get("reward")
+    return {"spec": vars(spec), "model": config["models"][spec.model], "train": config["train"],
+            "decode": config["decode"], "seed": config["seed"], "dataset": config["datasets"][wildcards.dataset],
+            "reward": config["rewards"][reward] if reward else None}
+
+
+def table_scores(wildcards):
+    return PLAN.scores(wildcards.dataset)
+
+
+def attention_pngs(wildcards):
+    return PLAN.attention_pngs(wildcards.dataset)
+
+
+def attention_checkpoint(wildcards):
+    return PLAN.attention_job(wildcards.dataset).checkpoint

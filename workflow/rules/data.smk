@@ -1,61 +1,65 @@
-if config["dataset"]["synthetic"]:
+# Per dataset: raw files (generated or yours) -> annotations -> vocabulary, references, CIDEr-D df.
+if GENERATED:
 
     rule synthesize:
         output:
-            json=RAW_JSON,
-            images=directory(IMAGE_ROOT),
+            json=wp.GENERATED_RAW,
+            images=directory(wp.GENERATED_MEDIA),
+        wildcard_constraints:
+            dataset=one_of(GENERATED),
         params:
-            settings=config["synthetic"],
-            seed=config["seed"],
+            settings=synthesize_settings,
         log:
-            f"logs/{DS}/synthesize.log",
+            "logs/{dataset}/synthesize.log",
         shell:
-            "caprl synthesize --params {PARAMS} --log {log} --out-json {output.json} --image-dir {output.images}"
+            "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
+            " --out-json {output.json} --image-dir {output.images}"
 
 
 rule prepare:
     input:
-        json=RAW_JSON,
-        images=IMAGE_ROOT,
+        raw=raw_file,
+        media=media_root,
     output:
-        ANNOTATIONS,
+        wp.ANNOTATIONS,
     log:
-        f"logs/{DS}/prepare.log",
+        "logs/{dataset}/prepare.log",
     shell:
-        "caprl prepare --params {PARAMS} --log {log} --karpathy-json {input.json} --image-root {input.images} --out {output}"
+        "caprl prepare --params {PARAMS} --log {log} --dataset {wildcards.dataset} --raw {input.raw}"
+        " --media-root {input.media} --out {output}"
 
 
 rule vocab:
     input:
-        ANNOTATIONS,
+        wp.ANNOTATIONS,
     output:
-        vocab=VOCAB,
-        labels=LABELS,
+        vocab=wp.VOCAB,
+        labels=wp.LABELS,
     params:
         settings=config["vocab"],
     log:
-        f"logs/{DS}/vocab.log",
+        "logs/{dataset}/vocab.log",
     shell:
         "caprl vocab --params {PARAMS} --log {log} --annotations {input} --out-vocab {output.vocab} --out-labels {output.labels}"
 
 
 rule references:
     input:
-        ANNOTATIONS,
+        wp.ANNOTATIONS,
     output:
-        f"data/{DS}/refs_{{split}}.json",
+        wp.REFS,
     log:
-        f"logs/{DS}/references_{{split}}.log",
+        "logs/{dataset}/references_{split}.log",
     shell:
         "caprl references --params {PARAMS} --log {log} --annotations {input} --split {wildcards.split} --out {output}"
 
 
 rule cider_df:
     input:
-        ANNOTATIONS,
+        wp.ANNOTATIONS,
     output:
-        CIDER_DF,
+        wp.CIDER_DF,
     log:
-        f"logs/{DS}/cider_df.log",
+        "logs/{dataset}/cider_df.log",
     shell:
         "caprl cider-df --params {PARAMS} --log {log} --annotations {input} --split train --out {output}"

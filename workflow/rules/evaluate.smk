@@ -1,37 +1,39 @@
+# Per dataset: every run whose objective yields a caption model, and the trivial baseline.
 rule evaluate:
     input:
-        checkpoint=f"runs/{DS}/{{run}}/best.pt",
-        refs=REFS,
-        annotations=ANNOTATIONS,
-        vocab=VOCAB,
-        labels=LABELS,
-        features=FEATURES,
+        checkpoint=wp.CHECKPOINT,
+        refs=expand(wp.REFS, dataset="{dataset}", split=EVAL_SPLIT),
+        annotations=wp.ANNOTATIONS,
+        vocab=wp.VOCAB,
+        labels=wp.LABELS,
+        features=features_file,
     output:
-        captions=f"{RESULTS}/{{run}}/captions.json",
-        scores=f"{RESULTS}/{{run}}/scores.json",
-        examples=f"{RESULTS}/{{run}}/examples.json",
+        captions=wp.CAPTIONS,
+        scores=wp.SCORES,
+        examples=wp.EXAMPLES,
     params:
         settings={"evaluate": config["evaluate"], "decode": config["decode"]},
     log:
-        f"logs/{DS}/evaluate/{{run}}.log",
+        "logs/{dataset}/evaluate/{run}.log",
     shell:
-        "caprl evaluate --params {PARAMS} --log {log} --run {wildcards.run} --checkpoint {input.checkpoint}"
-        " --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels} --features {input.features}"
-        " --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores} --out-examples {output.examples}"
+        "caprl evaluate --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+        " --checkpoint {input.checkpoint} --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels}"
+        " --features {input.features} --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores}"
+        " --out-examples {output.examples}"
 
 
 rule baseline:
     input:
-        refs=REFS,
-        annotations=ANNOTATIONS,
+        refs=expand(wp.REFS, dataset="{dataset}", split=EVAL_SPLIT),
+        annotations=wp.ANNOTATIONS,
     output:
-        captions=f"{RESULTS}/most-frequent/captions.json",
-        scores=f"{RESULTS}/most-frequent/scores.json",
-        examples=f"{RESULTS}/most-frequent/examples.json",
+        captions=expand(wp.CAPTIONS, dataset="{dataset}", run=wp.BASELINE_RUN),
+        scores=expand(wp.SCORES, dataset="{dataset}", run=wp.BASELINE_RUN),
+        examples=expand(wp.EXAMPLES, dataset="{dataset}", run=wp.BASELINE_RUN),
     params:
         settings={"evaluate": config["evaluate"]},
     log:
-        f"logs/{DS}/evaluate/most-frequent.log",
+        f"logs/{{dataset}}/evaluate/{wp.BASELINE_RUN}.log",
     shell:
-        "caprl baseline --params {PARAMS} --log {log} --annotations {input.annotations} --refs {input.refs}"
-        " --out-captions {output.captions} --out-scores {output.scores} --out-examples {output.examples}"
+        "caprl baseline --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
+        " --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores} --out-examples {output.examples}"

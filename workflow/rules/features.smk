@@ -1,28 +1,31 @@
+# Per dataset: one extraction job per shard with the dataset's backbone, then one merge.
 rule features:
     input:
-        annotations=ANNOTATIONS,
-        images=IMAGE_ROOT,
+        annotations=wp.ANNOTATIONS,
+        images=media_root,
     output:
-        f"{SHARD_DIR}/shard{{shard}}.h5",
+        wp.SHARD,
     params:
         settings=config["features"],
     log:
-        f"logs/{DS}/features_{BACKBONE}_{{shard}}.log",
+        "logs/{dataset}/features_{backbone}_{shard}.log",
     resources:
-        gpu=FEATURES_GPUS,
+        gpu=features_gpus,
     shell:
-        "caprl features --params {PARAMS} --log {log} --annotations {input.annotations} --image-root {input.images}"
-        " --shard {wildcards.shard} --out {output}"
+        "caprl features --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
+        " --image-root {input.images} --shard {wildcards.shard} --out {output}"
 
 
 rule merge_features:
     input:
-        annotations=ANNOTATIONS,
-        shards=expand(f"{SHARD_DIR}/shard{{shard}}.h5", shard=config["features"]["shards"]),
+        annotations=wp.ANNOTATIONS,
+        shards=shard_files,
     output:
-        FEATURES,
+        wp.FEATURES,
+    params:
+        shard_dir=wp.SHARD_DIR,
     log:
-        f"logs/{DS}/merge_features_{BACKBONE}.log",
+        "logs/{dataset}/merge_features_{backbone}.log",
     shell:
-        "caprl merge-features --params {PARAMS} --log {log} --annotations {input.annotations} --shard-dir {SHARD_DIR}"
+        "caprl merge-features --params {PARAMS} --log {log} --annotations {input.annotations} --shard-dir {params.shard_dir}"
         " --out {output}"

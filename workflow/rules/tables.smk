@@ -1,12 +1,15 @@
+# Per dataset: every table of params.yaml `tables:` from the evaluated runs' score files.
 rule tables:
     input:
-        scores=expand(f"{RESULTS}/{{run}}/scores.json", run=ALL_RUNS + ["most-frequent"]),
-        figures=ATTENTION_PNGS,
+        scores=table_scores,
+        figures=attention_pngs,
     output:
-        TABLE_FILES,
+        expand(wp.TABLE, dataset="{dataset}", table=config["tables"], ext=wp.TABLE_FORMATS),
     params:
+        results=wp.RESULTS,
         settings={"tables": config["tables"], "runs": config["runs"]},
     log:
-        f"logs/{DS}/tables.log",
+        "logs/{dataset}/tables.log",
     shell:
-        "caprl tables --params {PARAMS} --log {log} --results-dir {RESULTS} --out-dir results/tables"
+        "caprl tables --params {PARAMS} --log {log} --dataset {wildcards.dataset} --results-dir {params.results}"
+        f" --out-dir {wp.TABLES_DIR}"

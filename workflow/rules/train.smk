@@ -1,23 +1,25 @@
+# Per (dataset, run) of the plan: runs with an `init` start from those runs' best checkpoints.
 rule train:
     input:
-        annotations=ANNOTATIONS,
-        vocab=VOCAB,
-        labels=LABELS,
-        features=FEATURES,
-        cider_df=CIDER_DF,
-        init=init_checkpoint,
+        annotations=wp.ANNOTATIONS,
+        vocab=wp.VOCAB,
+        labels=wp.LABELS,
+        features=features_file,
+        cider_df=wp.CIDER_DF,
+        init=init_checkpoints,
     output:
-        checkpoint=f"runs/{DS}/{{run}}/best.pt",
-        history=f"runs/{DS}/{{run}}/history.json",
+        checkpoint=wp.CHECKPOINT,
+        history=wp.HISTORY,
     params:
         settings=run_settings,
-        init=init_arg,
-        state=f"runs/{DS}/{{run}}/state",
+        init=init_args,
+        state=wp.STATE_DIR,
     log:
-        f"logs/{DS}/train/{{run}}.log",
+        "logs/{dataset}/train/{run}.log",
     resources:
         gpu=TRAIN_GPUS,
     shell:
-        "caprl train --params {PARAMS} --log {log} --run {wildcards.run} --annotations {input.annotations}"
-        " --vocab {input.vocab} --labels {input.labels} --features {input.features} --cider-df {input.cider_df}"
-        " {params.init} --checkpoint {output.checkpoint} --history {output.history} --state-dir {params.state}"
+        "caprl train --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+        " --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels} --features {input.features}"
+        " --cider-df {input.cider_df} {params.init} --checkpoint {output.checkpoint} --history {output.history}"
+        " --state-dir {params.state}"

@@ -1,9 +1,11 @@
-"""``caprl prepare``: a Karpathy-split JSON (COCO, Flickr30k, synthetic) -> normalised annotations.
+"""``caprl prepare --dataset NAME``: a dataset's raw files -> normalised annotations.
 
-Input: Karpathy's ``dataset_<name>.json`` ({"images": [{"filepath"?, "filename", "imgid",
+The dataset's ``format`` picks the reader (:mod:`caprl.data.readers`); this module holds the
+``karpathy`` one (COCO, Flickr30k, synthetic). Input: Karpathy's ``dataset_<name>.json``
+({"images": [{"filepath"?, "filename", "imgid",
 "cocoid"?, "split", "sentences": [{"tokens"?, "raw"}]}]}). Output, sorted by id::
 
-    {"dataset": <params dataset.name>,
+    {"dataset": <the dataset's name under datasets:>,
      "images": [{"id": int, "file": "<path relative to image_root>", "split": "train"|"val"|"test",
                  "captions": [[token, ...], ...], "raw": [sentence, ...]}, ...],
      "stats": {...counts of what was read, remapped and dropped...}}
@@ -33,14 +35,14 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 REAL_DATA_HELP = {
     "coco": (
         "Get dataset_coco.json from Karpathy's 'caption_datasets' release (caption_datasets.zip) and the "
-        "COCO 2014 images (train2014/ and val2014/ under dataset.image_root)"
+        "COCO 2014 images (train2014/ and val2014/ under datasets.coco.media_root)"
     ),
     "flickr30k": (
         "Get dataset_flickr30k.json from Karpathy's 'caption_datasets' release (caption_datasets.zip) and the "
-        "Flickr30k images (flickr30k-images/, the folder dataset.image_root points at)"
+        "Flickr30k images (flickr30k-images/, the folder datasets.flickr30k.media_root points at)"
     ),
     "synthetic": (
-        "Generate it with `caprl synthesize` (the workflow does so when dataset.synthetic is true)"
+        "Generate it with `caprl synthesize` (the workflow does so when datasets.<name>.generate is true)"
     ),
 }
 
@@ -55,8 +57,8 @@ def missing_json_message(path: Path, dataset: str) -> str:
         dataset, "Get the Karpathy-split file dataset_<name>.json for this dataset and its images"
     )
     return (
-        f"Karpathy-split JSON not found: {path} (params dataset.karpathy_json, dataset '{dataset}'). "
-        f"{how}; set dataset.karpathy_json and dataset.image_root in params.yaml. "
+        f"Karpathy-split JSON not found: {path} (params datasets.{dataset}.raw). "
+        f"{how}; set datasets.{dataset}.raw and datasets.{dataset}.media_root in params.yaml. "
         "See the README section 'Real data'."
     )
 
@@ -156,7 +158,7 @@ def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) ->
     """Every annotated image file must exist under ``image_root`` (content is checked at extraction)."""
     if not image_root.is_dir():
         raise CaprlError(
-            f"image root not found: {image_root} (params dataset.image_root). "
+            f"image root not found: {image_root} (params datasets.{dataset}.media_root). "
             f"{REAL_DATA_HELP.get(dataset, 'Put the images there')}. See the README section 'Real data'."
         )
     missing = [im["file"] for im in annotations["images"] if not (image_root / im["file"]).is_file()]
@@ -164,7 +166,7 @@ def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) ->
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise CaprlError(
             f"{len(missing)} of {len(annotations['images'])} images are missing under {image_root}: {shown}. "
-            "Check dataset.image_root (image_root/filepath/filename must exist) or finish the download."
+            f"Check datasets.{dataset}.media_root (media_root/filepath/filename must exist) or finish the download."
         )
 
 
@@ -209,28 +211,21 @@ def load_annotations(path: str | Path) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--karpathy-json", type=Path, default=None,
-                        help="Karpathy-split JSON (default: params dataset.karpathy_json)")
-    parser.add_argument("--image-root", type=Path, default=None,
-                        help="directory the image paths are relative to (default: params dataset.image_root)")
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
+    parser.add_argument("--raw", type=Path, default=None, help="raw description (default: datasets.<name>.raw)")
+    parser.add_argument("--media-root", type=Path, default=None,
+                        help="folder the media paths are relative to (default: datasets.<name>.media_root)")
     parser.add_argument("--out", required=True, type=Path, help="normalised annotations JSON to write")
 
 
 def main(args: argparse.Namespace) -> None:
+    from caprl.data.readers import build_reader
+
     params = params_mod.load(args.params)
-    dataset = params["dataset"]["name"]
-    karpathy_json = Path(args.karpathy_json or params["dataset"]["karpathy_json"])
-    image_root = Path(args.image_root or params["dataset"]["image_root"])
-    annotations = prepare_annotations(read_karpathy(karpathy_json, dataset), dataset, source=str(karpathy_json))
+    spec = params_mod.dataset_spec(params, args.dataset)
+    raw, media_root = Path(args.raw or spec["raw"]), Path(args.media_root or spec["media_root"])
+    annotations = build_reader(spec["format"], args.dataset).read(raw, media_root, args.dataset)
     stats = annotations["stats"]
-    if stats["empty_captions_dropped"] or stats["images_without_captions_dropped"]:
-        log.warning(
-            "%s: dropped %d empty captions and %d images left without captions",
-            karpathy_json, stats["empty_captions_dropped"], stats["images_without_captions_dropped"],
-        )
-    if stats["restval_as_train"]:
-        log.info("%d 'restval' images counted as train", stats["restval_as_train"])
-    check_images(annotations, image_root, dataset)
     io.write_json(args.out, annotations, indent=None)
     log.info(
         "wrote %s: %d images (%s), %d captions",

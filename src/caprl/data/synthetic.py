@@ -6,11 +6,13 @@ reference sentences from :mod:`caprl.data.grammar`. Shapes are large relative to
 (a large object spans ~40% of its side) so that colour, size, position and, more weakly,
 shape survive the cheap ``patches`` backbone (a 4x4 grid of 4x4 average-pooled cells).
 
-Everything is a function of ``seed`` and the ``synthetic`` params: image ``i`` of split
-``s`` draws from its own generator seeded with ``(seed, s, i)``, so changing ``n_train``
-leaves the val/test images unchanged. Output, as ``caprl prepare`` reads it::
+Everything is a function of ``seed``, the dataset's name and its generator settings (the
+``synthetic`` section with the dataset's own ``synthetic`` overrides): image ``i`` of split
+``s`` draws from its own generator seeded with ``(seed, crc32(name), s, i)``, so two generated
+datasets differ and changing ``n_train`` leaves the val/test images unchanged. Output, as
+``caprl prepare`` reads it::
 
-    <out-json> = {"dataset": "synthetic", "images": [{"filepath": "train", "filename":
+    <out-json> = {"dataset": <name>, "images": [{"filepath": "train", "filename":
                   "000000.png", "imgid": 0, "cocoid": 0, "split": "train", "sentids": [...],
                   "sentences": [{"tokens": [...], "raw": "...", "imgid": 0, "sentid": 0}]}]}
     <image-dir>/<split>/<imgid:06d>.png     (so image_root/filepath/filename resolves)
@@ -25,6 +27,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -139,14 +142,20 @@ def render(scene: Scene, image_size: int) -> Image.Image:
     return canvas.resize((image_size, image_size), Image.Resampling.BOX)
 
 
-def generate(cfg: dict[str, Any], seed: int) -> Iterator[Sample]:
+def name_key(dataset: str) -> int:
+    """A stable integer of the dataset's name (mixed into every random stream)."""
+    return zlib.crc32(dataset.encode("utf-8"))
+
+
+def generate(cfg: dict[str, Any], seed: int, dataset: str = "synthetic") -> Iterator[Sample]:
     """Yield the dataset's images in imgid order (train, then val, then test)."""
     imgid = 0
+    key = name_key(dataset)
     for split in SPLITS:
         for index in range(int(cfg[f"n_{split}"])):
             code = SPLIT_CODES[split]
-            scene = sample_scene(np.random.default_rng([seed, code, index, 0]), int(cfg["max_objects"]))
-            raws = describe(scene.objects, np.random.default_rng([seed, code, index, 1]))
+            scene = sample_scene(np.random.default_rng([seed, key, code, index, 0]), int(cfg["max_objects"]))
+            raws = describe(scene.objects, np.random.default_rng([seed, key, code, index, 1]))
             sentids = [imgid * len(raws) + j for j in range(len(raws))]
             entry = {
                 "filepath": split,
@@ -193,7 +202,8 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def write_dataset(samples: Iterator[Sample], total: int, out_json: Path, image_dir: Path) -> dict[str, Any]:
+def write_dataset(samples: Iterator[Sample], total: int, out_json: Path, image_dir: Path,
+                  dataset: str = "synthetic") -> dict[str, Any]:
     """Write the images (as one atomic directory) and then the Karpathy JSON (atomically)."""
     entries = []
     with atomic_directory(image_dir) as tmp_dir:
@@ -202,33 +212,37 @@ def write_dataset(samples: Iterator[Sample], total: int, out_json: Path, image_d
         for sample in tqdm(samples, total=total, desc="synthesize", unit="img", disable=None):
             sample.image.save(tmp_dir / sample.entry["filepath"] / sample.entry["filename"], format="PNG")
             entries.append(sample.entry)
-    dataset = {"dataset": "synthetic", "images": entries}
-    io.write_json(out_json, dataset, indent=None)
-    return dataset
+    data = {"dataset": dataset, "images": entries}
+    io.write_json(out_json, data, indent=None)
+    return data
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--out-json", required=True, type=Path, help="Karpathy-format dataset JSON to write")
     parser.add_argument("--image-dir", required=True, type=Path, help="directory of images to (re)create")
 
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
-    cfg = params["synthetic"]
+    spec = params_mod.dataset_spec(params, args.dataset)
+    cfg = spec["synthetic"]
     out_json, image_dir = Path(args.out_json), Path(args.image_dir)
     if out_json.resolve().is_relative_to(image_dir.resolve()):
         raise CaprlError(f"--out-json {out_json} lies inside --image-dir {image_dir}, which is replaced as a whole")
-    if not params["dataset"]["synthetic"]:
-        log.warning("%s: dataset.synthetic is false; generating the synthetic dataset anyway", args.params)
+    if not spec["generate"]:
+        log.warning("%s: datasets.%s.generate is false; generating it anyway", args.params, args.dataset)
     total = sum(int(cfg[f"n_{s}"]) for s in SPLITS)
     start = time.perf_counter()
-    dataset = write_dataset(generate(cfg, int(params["seed"])), total, out_json, image_dir)
+    dataset = write_dataset(generate(cfg, int(params["seed"]), args.dataset), total, out_json, image_dir,
+                            args.dataset)
     n_sentences = sum(len(e["sentences"]) for e in dataset["images"])
     log.info(
-        "wrote %d images (%s) and %d sentences to %s, %s in %.1fs",
+        "wrote %d images (%s) and %d sentences of %s to %s, %s in %.1fs",
         total,
         ", ".join(f"{cfg[f'n_{s}']} {s}" for s in SPLITS),
         n_sentences,
+        args.dataset,
         image_dir,
         out_json,
         time.perf_counter() - start,

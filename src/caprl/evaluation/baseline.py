@@ -15,6 +15,7 @@ from caprl.metrics.score_cli import load_references
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--annotations", required=True)
     parser.add_argument("--refs", required=True, help="COCO caption-annotation file of the split (caprl references)")
     parser.add_argument("--out-examples", required=True, help="output: a few captions beside their references")
@@ -29,9 +30,11 @@ def most_frequent_caption(annotations: dict) -> str:
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
+    params_mod.dataset_spec(params, args.dataset)  # a known dataset
     annotations = load_annotations(args.annotations)
     caption = most_frequent_caption(annotations)
     refs = load_references(args.refs)
-    info = {"run": "most-frequent", "model": "most-frequent caption", "objective": "none", "caption": caption}
+    info = {"dataset": args.dataset, "run": "most-frequent", "model": "most-frequent caption", "method": "none",
+            "objective": "none", "caption": caption}
     score_and_record(params, "most-frequent", info, {i: caption for i in refs}, refs, args.out_captions, args.out_scores,
                      args.out_examples)

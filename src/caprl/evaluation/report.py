@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from caprl import io
+from caprl.errors import CaprlError
 from caprl.metrics.official import OfficialScorer
 from caprl.tracking import Tracker
 
@@ -24,9 +25,12 @@ def score_and_record(
 ) -> dict[str, Any]:
     """Write COCO-format results, official scores (``out_scores``), and log both to MLflow.
 
-    ``info`` (run, model, objective, ...) is stored beside the metrics so the tables
-    can be built from the score files alone.
+    ``info`` (dataset, run, model, method, ...) is stored beside the metrics so the tables
+    can be built from the score files alone; ``info["dataset"]`` names the dataset.
     """
+    if "dataset" not in info:
+        raise CaprlError(f"{label}: the evaluation info has no 'dataset' (pass --dataset to the stage)")
+    dataset = str(info["dataset"])
     ev = params["evaluate"]
     results = [{"image_id": int(i), "caption": captions[i]} for i in sorted(captions)]
     io.write_json(out_captions, results)
@@ -35,7 +39,7 @@ def score_and_record(
         scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
     finally:
         scorer.close()
-    report = {**info, "dataset": params["dataset"]["name"], "split": ev["split"], "n_images": len(results),
+    report = {**info, "split": ev["split"], "n_images": len(results),
               "metrics": scored["corpus"], "unavailable": scored.get("unavailable", {})}
     io.write_json(out_scores, report)
     for name, reason in report["unavailable"].items():
@@ -44,9 +48,8 @@ def score_and_record(
     examples = [{"image_id": i, "caption": captions[i], "references": references[i]}
                 for i in sorted(captions)[: ev["n_examples"]]]
     io.write_json(out_examples, examples)
-    with Tracker(params["tracking"]["experiment"], f"{params['dataset']['name']}/{label}/evaluate",
-                 tags={"stage": "evaluate", "dataset": params["dataset"]["name"],
-                       **{k: str(v) for k, v in info.items()}}) as tracker:
+    with Tracker(params["tracking"]["experiment"], f"{dataset}/{label}/evaluate",
+                 tags={"stage": "evaluate", **{k: str(v) for k, v in info.items()}}) as tracker:
         tracker.log_params({"evaluate": ev, "decode": params["decode"], **{"info": info}})
         tracker.log_metrics(report["metrics"])
         for path in (out_captions, out_scores, out_examples):

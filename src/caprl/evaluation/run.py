@@ -7,20 +7,21 @@ import logging
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from caprl import decoding, params as params_mod
+from caprl import checkpoint, decoding, params as params_mod
+from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
 from caprl.evaluation.report import score_and_record
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
-from caprl.training import checkpoint
-from caprl.training.data import CaptionData, add_data_arguments
+from caprl.device import default_device
+from caprl.data.loader import CaptionData, add_data_arguments
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--run", required=True)
     parser.add_argument("--checkpoint", required=True)
     add_data_arguments(parser)
@@ -32,13 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def beam_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], beam_size: int,
                   max_length: int, batch_size: int) -> dict[int, str]:
-    model.eval()
+    """The best beam of every image, on the model's device."""
     captions: dict[int, str] = {}
-    with torch.no_grad():
-        for i in tqdm(range(0, len(image_ids), batch_size), desc="beam search", leave=False, mininterval=2.0, disable=None):
-            ids = image_ids[i : i + batch_size]
-            tokens, _ = decoding.beam_search(model, model.encode(*data.features_of(ids)), beam_size, max_length)
-            captions.update(zip(ids, (" ".join(w) for w in data.decode(tokens[:, 0]))))
+    decode = DECODERS.get("beam")
+    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
+                                             lambda m, ctx: decode(m, ctx, max_length, beam_size=beam_size),
+                                             batch_size, desc="beam search"):
+        captions.update(zip(ids, (" ".join(w) for w in data.decode(tokens[:, 0]))))
     return captions
 
 
@@ -46,8 +47,8 @@ def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     data = CaptionData.from_args(args)
-    payload = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
-    model = checkpoint.model_from_checkpoint(payload)
+    ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
+    model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]
     references = load_references(args.refs)
     ids = data.split_ids(split)
@@ -57,6 +58,7 @@ def main(args: argparse.Namespace) -> None:
                          "rebuild it with `caprl references` from the same annotations")
     captions = beam_captions(model, data, ids, params["decode"]["beam_size"], params["decode"]["max_length"],
                              params["evaluate"]["batch_size"])
-    info: dict[str, Any] = {"run": args.run, **payload["run"], "beam_size": params["decode"]["beam_size"]}
+    info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset,
+                            "beam_size": params["decode"]["beam_size"], "code_version": ckpt.code_version}
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples)

@@ -104,6 +104,7 @@ def extract_features(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: (its backbone)")
     parser.add_argument("--annotations", required=True, help="normalised annotations JSON (from caprl prepare)")
     parser.add_argument("--image-root", required=True, help="folder the annotations' image paths are relative to")
     parser.add_argument("--shard", type=int, required=True, help="shard id, one of params.yaml features.shards")
@@ -111,11 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    from caprl.params import load
+    from caprl.params import dataset_spec, load
     from caprl.seeding import seed_everything
 
     params = load(args.params)
-    features = params["features"]
+    # the backbone is the dataset's; its settings (features.patches / features.resnet) are global
+    features = {**params["features"], "backbone": dataset_spec(params, args.dataset)["backbone"]}
     n_shards = shard_count(args.shard, features["shards"])
     if features["num_threads"] > 0:
         torch.set_num_threads(features["num_threads"])
@@ -125,6 +127,6 @@ def main(args: argparse.Namespace) -> None:
     backbone = build_backbone(features)
     log.info("shard %d of %d: %d of %d images, backbone %s", args.shard, n_shards, len(images),
              len(annotations["images"]), backbone.name)
-    attrs = {"dataset": str(annotations.get("dataset", "")), "shard": args.shard, "n_shards": n_shards}
+    attrs = {"dataset": args.dataset, "shard": args.shard, "n_shards": n_shards}
     extract_features(images, args.image_root, backbone, args.out, features["batch_size"], attrs=attrs,
                      source=str(args.annotations))

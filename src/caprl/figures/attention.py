@@ -29,13 +29,13 @@ from matplotlib.figure import Figure
 from PIL import Image
 from scipy.ndimage import gaussian_filter
 
-from caprl import decoding, params as params_mod
+from caprl import checkpoint, decoding, params as params_mod
 from caprl.errors import CaprlError
 from caprl.features.extract import load_image
 from caprl.io import atomic_path
 from caprl.models import CaptionModel
-from caprl.training import checkpoint
-from caprl.training.data import CaptionData, add_data_arguments
+from caprl.device import default_device
+from caprl.data.loader import CaptionData, add_data_arguments
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,16 @@ def attention_figure(image: np.ndarray, captions: Sequence[Sequence[str]], atten
     return fig
 
 
-def stage_captions(model: CaptionModel, pooled: torch.Tensor, regions: torch.Tensor,
+def stage_captions(model: CaptionModel, data: CaptionData, image_ids: list[int],
                    max_length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy ``tokens [N, S, T]`` of every stage and their ``attention [N, S, T, R]`` (or None)."""
-    model.eval()
-    with torch.no_grad():
-        out = decoding.sample(model, model.encode(pooled, regions), max_length, greedy=True)
-    return out.tokens, out.attention
+    """Greedy ``tokens [N, S, T]`` of every stage and their ``attention [N, S, T, R]`` (or None), on the CPU."""
+    tokens, attention = [], []
+    for _ids, out in decoding.decode_split(model, data.features_of, image_ids,
+                                           lambda m, ctx: decoding.sample(m, ctx, max_length, greedy=True),
+                                           batch_size=len(image_ids), desc="attention"):
+        tokens.append(out.tokens.cpu())
+        attention.append(None if out.attention is None else out.attention.cpu())
+    return torch.cat(tokens), None if attention[0] is None else torch.cat([a for a in attention if a is not None])
 
 
 def draw_attention_figures(model: CaptionModel, data: CaptionData, image_ids: list[int], image_root: Path,
@@ -116,7 +119,7 @@ def draw_attention_figures(model: CaptionModel, data: CaptionData, image_ids: li
     if grid * grid != data.n_regions:
         raise CaprlError(f"{data.paths.features}: {data.n_regions} regions do not form a grid "
                          f"({grid}x{grid}); attention maps need grid features")
-    tokens, attention = stage_captions(model, *data.features_of(image_ids), max_length)
+    tokens, attention = stage_captions(model, data, image_ids, max_length)
     if attention is None:
         raise CaprlError(f"model '{type(model).__name__}' has no attention: no attention maps to draw")
     records = {int(im["id"]): im for im in data.annotations["images"]}
@@ -138,6 +141,7 @@ def draw_attention_figures(model: CaptionModel, data: CaptionData, image_ids: li
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--checkpoint", required=True, help="a trained attention model (e.g. the Stack-Cap C2F run)")
     add_data_arguments(parser)
     parser.add_argument("--image-root", required=True, help="folder the annotations' image paths are relative to")
@@ -149,7 +153,8 @@ def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     data = CaptionData.from_args(args)
-    model = checkpoint.model_from_checkpoint(checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256))
+    ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
+    model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]
     ids = sorted(data.split_ids(split))
     if args.n_images < 1 or args.n_images > len(ids):

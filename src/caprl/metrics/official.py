@@ -4,9 +4,10 @@
 candidates (one Java call for both), then computes BLEU-1..4, METEOR, ROUGE-L, CIDEr-D
 (pycocoevalcap's ``Cider``: document frequencies from the evaluated references) and SPICE.
 METEOR's JVM is started at the first METEOR request and reused until :meth:`close` (also
-called at interpreter exit). SPICE runs only when its Stanford CoreNLP jars are already
-installed; otherwise it is reported under ``"unavailable"`` with the reason, and nothing
-is downloaded.
+called at interpreter exit). SPICE runs in caprl's SPICE server (one JVM, likewise kept),
+only when its Stanford CoreNLP 3.6.0 jars are already installed (``corenlp_dir``,
+``$CAPRL_CORENLP_DIR`` or pycocoevalcap's ``spice/lib``); otherwise it is reported under
+``"unavailable"`` with the reason, and nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
-import json
 import logging
+import os
 import shutil
-import subprocess
 import threading
 import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from caprl.errors import CaprlError
+
+if TYPE_CHECKING:
+    from caprl.metrics.spice_server import SpiceServer
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,7 @@ METRIC_NAMES = {
     "spice": ("SPICE",),
 }
 CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
+CORENLP_ENV = "CAPRL_CORENLP_DIR"
 
 _live_scorers: weakref.WeakSet[OfficialScorer] = weakref.WeakSet()
 
@@ -53,22 +59,50 @@ def require_java() -> None:
         raise CaprlError("java not found on PATH: the official caption metrics (PTB tokenizer, METEOR) need Java")
 
 
-def spice_unavailable_reason() -> str | None:
-    """Why SPICE cannot run here, or None if it can. Checks files only; downloads nothing."""
+class MetricUnavailable(Exception):
+    """A metric that cannot run here (the message says why)."""
+
+
+def spice_classpath(corenlp_dir: str | Path | None = None) -> list[Path]:
+    """The jars SPICE runs with: pycocoevalcap's spice-1.0.jar, its lib/ jars and CoreNLP 3.6.0.
+
+    The CoreNLP jars are looked for in ``corenlp_dir`` (params ``spice.corenlp_dir``), then
+    ``$CAPRL_CORENLP_DIR``, then pycocoevalcap's ``spice/lib``. Raises MetricUnavailable with
+    the reason when something is missing; checks files only, downloads nothing.
+    """
     if shutil.which("java") is None:
-        return "java not found on PATH"
+        raise MetricUnavailable("java not found on PATH")
     try:
         spice_dir = _package_dir("pycocoevalcap.spice.spice")
     except CaprlError as exc:
+        raise MetricUnavailable(str(exc)) from None
+    from caprl.metrics.spice_server import java_major_version
+
+    version = java_major_version()
+    if 0 < version < 11:
+        raise MetricUnavailable(f"SPICE's server needs Java 11 or newer; java on PATH is Java {version}")
+    jar = spice_dir / "spice-1.0.jar"
+    if not jar.exists():
+        raise MetricUnavailable(f"spice-1.0.jar missing from {spice_dir}")
+    folders = [Path(d).expanduser() for d in (corenlp_dir, os.environ.get(CORENLP_ENV)) if d]
+    folders.append(spice_dir / "lib")
+    for folder in folders:
+        if all((folder / name).is_file() for name in CORENLP_JARS):
+            libs = sorted(p for p in (spice_dir / "lib").glob("*.jar") if p.name not in CORENLP_JARS)
+            return [jar, *libs, *(folder / name for name in CORENLP_JARS)]
+    raise MetricUnavailable(
+        f"Stanford CoreNLP 3.6.0 jars not installed ({' and '.join(CORENLP_JARS)} not found in "
+        f"{', '.join(str(f) for f in folders)}); set params spice.corenlp_dir or ${CORENLP_ENV} to the "
+        "folder holding them (pycocoevalcap would download them on first use, which was not attempted)"
+    )
+
+
+def spice_unavailable_reason(corenlp_dir: str | Path | None = None) -> str | None:
+    """Why SPICE cannot run here, or None if it can (see :func:`spice_classpath`)."""
+    try:
+        spice_classpath(corenlp_dir)
+    except MetricUnavailable as exc:
         return str(exc)
-    if not (spice_dir / "spice-1.0.jar").exists():
-        return f"spice-1.0.jar missing from {spice_dir}"
-    missing = [jar for jar in CORENLP_JARS if not (spice_dir / "lib" / jar).exists()]
-    if missing:
-        return (
-            f"Stanford CoreNLP models not installed ({', '.join(missing)} missing from {spice_dir / 'lib'}); "
-            "pycocoevalcap downloads them on first use, which was not attempted"
-        )
     return None
 
 
@@ -90,8 +124,10 @@ class OfficialScorer:
     Use as a context manager, or keep one per process; ``close()`` also runs at exit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, corenlp_dir: str | Path | None = None) -> None:
+        self.corenlp_dir = corenlp_dir  # where SPICE's CoreNLP jars are (see spice_classpath)
         self._meteor: Any = None
+        self._spice: SpiceServer | None = None
         self._lock = threading.Lock()
         _live_scorers.add(self)
 
@@ -115,9 +151,12 @@ class OfficialScorer:
         return float(score), [float(s) for s in scores]
 
     def close(self) -> None:
-        """Stop METEOR's JVM (if started). Safe to call more than once."""
+        """Stop METEOR's and SPICE's JVMs (if started). Safe to call more than once."""
         with self._lock:
             meteor, self._meteor = self._meteor, None
+            spice, self._spice = self._spice, None
+        if spice is not None:
+            spice.close()
         if meteor is not None:
             held = meteor.lock.acquire(timeout=10)  # let a running call finish, but never hang here
             try:
@@ -205,29 +244,48 @@ class OfficialScorer:
 
             score, scores = Cider().compute_score(gts, res)
             return [float(score)], [list(scores)]
-        score, scores = run_spice(gts, res)
+        score, scores = run_spice(gts, res, self.corenlp_dir, self._spice_server())
         return [score], [scores]
 
+    def _spice_server(self) -> SpiceServer:
+        """SPICE's long-lived JVM (started at its first request, stopped by :meth:`close`)."""
+        from caprl.metrics.spice_server import SpiceServer, java_command
 
-class MetricUnavailable(Exception):
-    """A metric that cannot run here (the message says why)."""
+        if self._spice is None:
+            self._spice = SpiceServer(java_command(spice_classpath(self.corenlp_dir), subset=True))
+        return self._spice
 
 
-def run_spice(gts: Mapping[Hashable, list[str]], res: Mapping[Hashable, list[str]]) -> tuple[float, list[float]]:
-    """pycocoevalcap's SPICE (F-score over all tuples): corpus mean and per-item scores.
+def run_spice(
+    gts: Mapping[Hashable, list[str]],
+    res: Mapping[Hashable, list[str]],
+    corenlp_dir: str | Path | None = None,
+    server: SpiceServer | None = None,
+) -> tuple[float, list[float]]:
+    """Official SPICE (F-score over all tuples): corpus mean and per-item scores (in ``gts`` order).
 
-    Raises MetricUnavailable (never downloads, never returns a number) when it cannot run.
+    SPICE 1.0's own scorer runs in caprl's SPICE server (:mod:`caprl.metrics.spice_server`;
+    pycocoevalcap's ``java -jar`` call fails on Java 15+), a new one unless ``server`` is
+    given. Raises MetricUnavailable (never downloads, never returns a number) when it cannot run.
     """
-    reason = spice_unavailable_reason()
-    if reason is not None:
-        raise MetricUnavailable(reason)
-    from pycocoevalcap.spice.spice import Spice
+    from caprl.metrics.spice_server import SpiceFailed, SpiceServer, java_command
 
+    classpath = spice_classpath(corenlp_dir)
+    ids = list(gts)
+    if set(res) != set(ids):
+        raise CaprlError("SPICE: references and results cover different ids")
+    items = [(res[i][0], gts[i]) for i in ids]
+    own = server is None
     try:
-        score, scores = Spice().compute_score(dict(gts), dict(res))
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        if server is None:
+            server = SpiceServer(java_command(classpath, subset=True))
+        scores = server.f_scores(items)
+    except SpiceFailed as exc:
         raise MetricUnavailable(f"SPICE failed to run: {exc}") from exc
-    return float(score), [float(s["All"]["f"]) for s in scores]
+    finally:
+        if own and server is not None:
+            server.close()
+    return float(np.mean(scores)), [float(s) for s in scores]
 
 
 def _preview(ids: Sequence[Any], limit: int = 5) -> str:

@@ -8,7 +8,9 @@ teacher forcing, sampling, greedy decoding and beam search for every architectur
 * ``init_state(ctx) -> state``: a tuple of batch-first tensors.
 * ``step(words, ctx, state) -> StepOutput``: ``words`` is ``[B, S]`` (one previous word
   per stage, 0 = start/end), ``logprobs`` is ``[B, S, V]``; ``attention`` is ``[B, S, R]``
-  (zeros for stages without attention) or None for models with no attention at all.
+  (zeros for stages without attention) or None for models with no attention at all;
+  ``hidden`` is ``[B, S, H]``, the state the output layer reads (baselines and value
+  networks are built on it).
 
 ``S = n_stages`` (1 for one-stage models). The last stage is the model's output: beam
 search and evaluation use it.
@@ -18,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, TypeVar
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from caprl.errors import CaprlError
+from caprl.registry import Registry
 
 Batch = Any  # nested tuple/dict of batch-first tensors
 
@@ -32,6 +35,7 @@ class StepOutput(NamedTuple):
     logprobs: torch.Tensor  # [B, S, V]
     state: tuple[torch.Tensor, ...]
     attention: torch.Tensor | None  # [B, S, R]
+    hidden: torch.Tensor  # [B, S, H]: the hidden state each stage's word distribution is read from
 
 
 def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], obj: Batch) -> Batch:
@@ -105,26 +109,17 @@ class CaptionModel(nn.Module):
         return torch.stack(outputs, dim=2)
 
 
-T = TypeVar("T", bound=type[CaptionModel])
-MODELS: dict[str, type[CaptionModel]] = {}
+MODELS: Registry[type[CaptionModel]] = Registry("model architecture")
 
 
-def register_model(name: str) -> Callable[[T], T]:
-    def decorator(cls: T) -> T:
-        if name in MODELS:
-            raise ValueError(f"model architecture '{name}' registered twice")
-        MODELS[name] = cls
-        return cls
-
-    return decorator
+def register_model(name: str) -> Callable[[type[CaptionModel]], type[CaptionModel]]:
+    return MODELS.register(name)
 
 
 def build_model(
     arch: str, options: dict[str, Any], vocab_size: int, feat_dim: int, n_regions: int, where: str = "model"
 ) -> CaptionModel:
     """Instantiate a registered architecture from its params.yaml entry (minus ``arch``)."""
-    if arch not in MODELS:
-        raise CaprlError(f"{where}: unknown arch '{arch}'; registered: {', '.join(sorted(MODELS))}")
-    cls = MODELS[arch]
+    cls = MODELS.get(arch, where=where)
     config = cls.config_class.from_dict(options, where)
     return cls(config, vocab_size=vocab_size, feat_dim=feat_dim, n_regions=n_regions)

@@ -31,4 +31,4 @@ class ShowTell(CaptionModel):
     def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
         h, c = self.lstm(self.embed(words[:, 0]), state)
         logprobs = torch.log_softmax(self.logit(self.dropout(h)), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), (h, c), None)
+        return StepOutput(logprobs.unsqueeze(1), (h, c), None, h.unsqueeze(1))

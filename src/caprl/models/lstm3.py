@@ -48,4 +48,4 @@ class LSTM3(CaptionModel):
     def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
         state = self._layers(self.embed(words[:, 0]), state)
         logprobs = torch.log_softmax(self.logit(self.dropout(state[-2])), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), state, None)
+        return StepOutput(logprobs.unsqueeze(1), state, None, state[-2].unsqueeze(1))

@@ -55,4 +55,4 @@ class SoftAttention(CaptionModel):
         h, c = self.lstm(torch.cat([self.dropout(emb), z], dim=1), (h, c))
         deep = emb + self.out_h(self.dropout(h)) + self.out_z(z)
         logprobs = torch.log_softmax(self.logit(self.dropout(deep)), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), (h, c), alpha.unsqueeze(1))
+        return StepOutput(logprobs.unsqueeze(1), (h, c), alpha.unsqueeze(1), h.unsqueeze(1))

@@ -115,7 +115,8 @@ class CoarseToFine(CaptionModel):
         logprobs = torch.stack(
             [torch.log_softmax(layer(self.dropout(hi)), dim=-1) for layer, hi in zip(self.logits, hs)], dim=1
         )
-        return StepOutput(logprobs, (torch.stack(hs, dim=1), torch.stack(cs, dim=1)), torch.stack(alphas, dim=1))
+        hidden = torch.stack(hs, dim=1)
+        return StepOutput(logprobs, (hidden, torch.stack(cs, dim=1)), torch.stack(alphas, dim=1), hidden)
 
 
 @register_model("stackcap_star")

@@ -46,4 +46,5 @@ class TopDown(CaptionModel):
         attended, alpha = self.attention(ctx["feats"], ctx["proj"], h_att)
         h_lang, c_lang = self.lang_lstm(torch.cat([attended, h_att], dim=1), (h_lang, c_lang))
         logprobs = torch.log_softmax(self.logit(self.dropout(h_lang)), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), (h_att, c_att, h_lang, c_lang), alpha.unsqueeze(1))
+        return StepOutput(logprobs.unsqueeze(1), (h_att, c_att, h_lang, c_lang), alpha.unsqueeze(1),
+                          h_lang.unsqueeze(1))

@@ -1,42 +1,37 @@
 """Training methods (objectives), by name.
 
-An objective turns a batch into a loss. It gets what it needs from an ``ObjectiveEnv``
-(vocabulary, rewards by name, decoding settings) and knows nothing of the trainer, so a
-new method is one class here plus one entry under ``objectives:`` in params.yaml.
+An objective turns a batch into a loss. It is an ``nn.Module``: the modules it brings
+(a baseline MLP, a value network, a listener) are its children, so the trainer moves them
+to the device, optimises them with the learning rates of :meth:`Objective.param_groups`,
+clips, checkpoints, resumes and DDP-syncs them with the caption model. It gets what it
+needs from an :class:`ObjectiveEnv` (vocabulary, rewards by name, decoding settings) and
+knows nothing of the trainer, so a new method is one class here plus one entry under
+``objectives:`` in params.yaml.
+
+Options are typed: each objective declares an ``Options`` dataclass whose fields have no
+defaults (every default lives in params.yaml); an unknown or mistyped option is an error
+naming the run and the key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from caprl import decoding
-from caprl.decoding import Noise, Samples
+from caprl.data.batch import Batch
+from caprl.decoding import Samples
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
+from caprl.registry import Registry
 
-
-@dataclass
-class Batch:
-    """One training batch: ``image_ids [B]``, features, and gold captions.
-
-    ``labels [M, T]`` holds every gold caption of the batch's images; ``label_image [M]``
-    is the row (0..B-1) of the image each caption belongs to.
-    """
-
-    image_ids: list[int]
-    pooled: torch.Tensor
-    regions: torch.Tensor
-    labels: torch.Tensor
-    label_image: torch.Tensor
-    noise: Noise | None = None  # sampling noise of this step (see caprl.decoding.Noise)
-
-    def to(self, device: torch.device) -> "Batch":
-        return Batch(self.image_ids, self.pooled.to(device), self.regions.to(device), self.labels.to(device),
-                     self.label_image.to(device), self.noise)
+__all__ = ["Batch", "Objective", "ObjectiveEnv", "Options", "OBJECTIVES", "build_objective", "register_objective"]
 
 
 class RewardFn(Protocol):
@@ -48,35 +43,81 @@ class ObjectiveEnv:
     """What an objective may use besides the model and the batch."""
 
     decode_words: Callable[[torch.Tensor], list[list[str]]]  # [N, T] token ids -> words
-    reward: Callable[[str], RewardFn]  # reward by registry name, built once and cached
+    reward: Callable[[str], RewardFn]  # reward by its name under `rewards:` in params.yaml, built once
     max_length: int
     global_sum: Callable[[torch.Tensor], torch.Tensor] = lambda x: x  # sum over DDP processes
     world_size: int = 1
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-class Objective:
-    """Subclasses implement ``loss``; ``options`` is the params.yaml entry of the objective."""
+@dataclass
+class Options:
+    """Options every method reads; subclasses add theirs (no defaults: params.yaml has them)."""
 
-    #: objective options this method reads (besides lr, epochs); others are an error
-    option_names: tuple[str, ...] = ()
+    lr: float
+    epochs: int
 
-    def __init__(self, options: dict[str, Any], env: ObjectiveEnv) -> None:
-        unused = sorted(set(options) - set(self.option_names) - {"lr", "epochs"})
-        if unused:
-            raise CaprlError(
-                f"objectives.{self.name}: key(s) {', '.join(unused)} not used by this objective; "
-                f"it reads {', '.join(('lr', 'epochs') + self.option_names)}"
-            )
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str) -> "Options":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise CaprlError(f"{where}: unknown option(s) {', '.join(unknown)}; this method takes "
+                             f"{', '.join(sorted(fields))}")
+        missing = sorted(set(fields) - set(values))
+        if missing:
+            raise CaprlError(f"{where}: option(s) {', '.join(missing)} missing (set them under objectives: "
+                             "in params.yaml or in the run's options)")
+        hints = typing.get_type_hints(cls)
+        for name, value in values.items():
+            if not _fits(value, hints[name]):
+                raise CaprlError(f"{where}.{name}: expected {_type_name(hints[name])}, got {value!r}")
+        return cls(**{k: (float(v) if hints[k] is float else v) for k, v in values.items()})
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    return True  # containers: checked by the objective where it matters
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", str(hint))
+
+
+class Objective(nn.Module):
+    """Subclasses set ``Options`` and implement ``loss``; their child modules are trained too."""
+
+    Options: type[Options] = Options
+    name: str = ""
+    #: True if a run of this method yields a caption model (evaluated, in the tables)
+    captioner: bool = True
+    #: validation metric that picks the best epoch (a key of the validator's output)
+    select: str = "CIDEr-D"
+
+    def __init__(self, options: Options, env: ObjectiveEnv, model: CaptionModel) -> None:
+        super().__init__()
         self.options = options
         self.env = env
-
-    name: str = ""
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
-    def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int) -> tuple[Samples, Samples]:
+    def param_groups(self, model: CaptionModel) -> list[dict[str, Any]]:
+        """Optimiser groups: the caption model at ``lr``; subclasses add their modules' groups.
+        A module with no group is frozen (the objective keeps it in eval mode)."""
+        return [{"params": list(model.parameters()), "lr": self.options.lr, "name": "model"}]
+
+    def modules_to_save(self) -> dict[str, nn.Module]:
+        """The objective's own modules, by role name (checkpointed, restored, init-able)."""
+        return dict(self.named_children())
+
+    def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int,
+                           temperature: float = 1.0) -> tuple[Samples, Samples]:
         """Self-critical decoding: the greedy captions (eval mode, no gradient) and ``n``
         samples per image (train mode, differentiable), from one encoding of the images."""
         ctx = model.encode(batch.pooled, batch.regions)
@@ -84,8 +125,7 @@ class Objective:
         with torch.no_grad():
             greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
         model.train()
-        samples = decoding.sample(model, ctx, self.env.max_length, n=n,
-                                  temperature=float(self.options.get("temperature", 1.0)), noise=batch.noise)
+        samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise)
         return greedy, samples
 
     def mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -95,23 +135,25 @@ class Objective:
         count = self.env.global_sum(mask.sum().detach()).clamp(min=1.0)
         return (values * mask).sum() * self.env.world_size / count
 
+    def tensor(self, values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+        """Host numbers (rewards) as a tensor on the device and dtype of ``like``."""
+        return torch.as_tensor(np.asarray(values), dtype=like.dtype, device=like.device)
 
-O = TypeVar("O", bound=type[Objective])
-OBJECTIVES: dict[str, type[Objective]] = {}
+
+OBJECTIVES: Registry[type[Objective]] = Registry("objective")
 
 
-def register_objective(name: str) -> Callable[[O], O]:
-    def decorator(cls: O) -> O:
-        if name in OBJECTIVES:
-            raise ValueError(f"objective '{name}' registered twice")
+def register_objective(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    def decorator(cls: type[Objective]) -> type[Objective]:
         cls.name = name
-        OBJECTIVES[name] = cls
+        OBJECTIVES.add(name, cls)
         return cls
 
     return decorator
 
 
-def build_objective(name: str, options: dict[str, Any], env: ObjectiveEnv) -> Objective:
-    if name not in OBJECTIVES:
-        raise CaprlError(f"unknown objective '{name}'; registered: {', '.join(sorted(OBJECTIVES))}")
-    return OBJECTIVES[name](options, env)
+def build_objective(method: str, options: dict[str, Any], env: ObjectiveEnv, model: CaptionModel,
+                    where: str = "objective") -> Objective:
+    """Instantiate method ``method`` with its options checked (errors name ``where``, e.g. the run)."""
+    cls = OBJECTIVES.get(method, where=f"{where}.method")
+    return cls(cls.Options.from_dict(dict(options), where=f"{where}.options"), env, model)

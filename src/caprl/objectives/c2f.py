@@ -28,6 +28,7 @@ import torch
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, register_objective
+from caprl.objectives.scst import SelfCriticalOptions
 
 
 def c2f_advantages(r_sample: np.ndarray, r_greedy: np.ndarray) -> np.ndarray:
@@ -44,22 +45,22 @@ def c2f_advantages(r_sample: np.ndarray, r_greedy: np.ndarray) -> np.ndarray:
 
 @register_objective("c2f")
 class CoarseToFineRL(Objective):
-    option_names = ("n_samples", "reward", "temperature")
+    Options = SelfCriticalOptions  # the same options as SCST: n_samples, reward, temperature
+    options: SelfCriticalOptions
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         stages = model.n_stages
         if stages < 2:
             raise CaprlError(f"objective c2f needs a multi-stage model (coarse + fine stages); "
                              f"{type(model).__name__} has {stages} stage")
-        n = int(self.options.get("n_samples", 1))
-        reward = self.env.reward(self.options.get("reward", "cider_d"))
-        greedy, samples = self.greedy_and_samples(model, batch, n)
+        n = self.options.n_samples
+        reward = self.env.reward(self.options.reward)
+        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature)
         ids = batch.image_ids
         sample_ids = [i for i in ids for _ in range(n)]
         r_greedy = np.stack([reward(ids, self.env.decode_words(greedy.tokens[:, s])) for s in range(stages)])
         r_sample = np.stack([reward(sample_ids, self.env.decode_words(samples.tokens[:, s])) for s in range(stages)])
-        advantage = torch.as_tensor(c2f_advantages(r_sample, np.repeat(r_greedy, n, axis=1)),
-                                    dtype=samples.logprobs.dtype, device=samples.logprobs.device)
+        advantage = self.tensor(c2f_advantages(r_sample, np.repeat(r_greedy, n, axis=1)), like=samples.logprobs)
         loss = -torch.stack([
             self.mean(advantage[s - 1].unsqueeze(1) * samples.logprobs[:, s], samples.mask[:, s])
             for s in range(1, stages)

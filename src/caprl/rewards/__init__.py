@@ -3,10 +3,14 @@
 ``build_reward(name, references, document_frequencies, **options)`` returns a
 :class:`Reward`: ``reward(image_ids, captions) -> np.ndarray[float64]``, captions being
 lists of words tokenised like the references.
+``build_configured_reward(name, params, references, document_frequencies)`` builds the
+reward ``params["rewards"][name]`` configures; ``reward_unavailable_reason(name, params)``
+says (cheaply, no JVM) why it cannot run here, or None.
 """
 
 from caprl.rewards.base import Reward
 from caprl.rewards.bleu import corpus_bleu, leave_one_out_bleu, pairwise_bleu, sentence_bleu
+from caprl.rewards.config import build_configured_reward, reward_unavailable_reason
 from caprl.rewards.document_frequencies import (
     DocumentFrequencies,
     compute_document_frequencies,
@@ -15,7 +19,7 @@ from caprl.rewards.document_frequencies import (
     save_document_frequencies,
 )
 from caprl.rewards.references import ReferenceSet
-from caprl.rewards.registry import MIXES, available_rewards, build_reward
+from caprl.rewards.registry import MIXES, available_rewards, build_mix, build_reward
 
 __all__ = [
     "MIXES",
@@ -23,6 +27,8 @@ __all__ = [
     "ReferenceSet",
     "Reward",
     "available_rewards",
+    "build_configured_reward",
+    "build_mix",
     "build_reward",
     "compute_document_frequencies",
     "corpus_bleu",
@@ -30,6 +36,7 @@ __all__ = [
     "load_document_frequencies",
     "pairwise_bleu",
     "references_from_annotations",
+    "reward_unavailable_reason",
     "save_document_frequencies",
     "sentence_bleu",
 ]

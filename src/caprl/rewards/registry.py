@@ -2,7 +2,8 @@
 
 Names: ``cider_d``, ``bleu1``..``bleu4`` (in-process, vectorised), ``rouge_l`` (pycocoevalcap's
 Python ROUGE-L), ``meteor`` (pycocoevalcap's METEOR: one JVM per reward, closed by
-``close()``), ``spice`` (official SPICE; building it raises CaprlError with the reason when
+``close()``), ``spice`` (official SPICE through one long-lived JVM, see
+:mod:`caprl.metrics.spice_server`; building it raises CaprlError with the reason when
 SPICE cannot run here) and weighted mixes (:data:`MIXES`): a mix is one dict entry of
 component name -> weight, and ``weights=`` overrides the default weights.
 """
@@ -102,31 +103,36 @@ class Meteor(Reward):
 
 
 class Spice(Reward):
-    """Official SPICE F-score; building it fails with the reason when SPICE cannot run."""
+    """Official SPICE F-score (all tuples) from one long-lived SPICE JVM (closed by :meth:`close`).
+
+    Building it fails with the reason when SPICE cannot run here (see
+    :func:`caprl.metrics.official.spice_classpath`); ``corenlp_dir`` is where the Stanford
+    CoreNLP 3.6.0 jars are (None: ``$CAPRL_CORENLP_DIR``, then pycocoevalcap's ``spice/lib``).
+    """
 
     name = "spice"
 
-    def __init__(self, context: _Context) -> None:
-        from caprl.metrics.official import spice_unavailable_reason
+    def __init__(self, context: _Context, corenlp_dir: str | None = None) -> None:
+        from caprl.metrics.official import MetricUnavailable, spice_classpath
+        from caprl.metrics.spice_server import SpiceServer, java_command
 
-        reason = spice_unavailable_reason()
-        if reason is not None:
-            raise CaprlError(f"reward 'spice' is unavailable: {reason}")
+        try:
+            classpath = spice_classpath(corenlp_dir)
+        except MetricUnavailable as exc:
+            raise CaprlError(f"reward 'spice' is unavailable: {exc}") from None
         self._refs = context.sentences
+        self._server = SpiceServer(java_command(classpath))
 
     def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
-        from caprl.metrics.official import MetricUnavailable, run_spice
-
         self.check_batch(image_ids, captions)
         if not captions:
             return np.zeros(0)
-        gts = dict(enumerate(_lookup(self._refs, image_ids)))
-        res = {i: [c] for i, c in enumerate(_sentences_of(captions))}
-        try:
-            _, per = run_spice(gts, res)
-        except MetricUnavailable as exc:  # SPICE stopped working mid-run
-            raise CaprlError(f"reward 'spice': {exc}") from exc
-        return np.asarray(per, dtype=np.float64)
+        refs = _lookup(self._refs, image_ids)
+        scores = self._server.f_scores(list(zip(_sentences_of(captions), refs, strict=True)))
+        return np.asarray(scores, dtype=np.float64)
+
+    def close(self) -> None:
+        self._server.close()
 
 
 class Mix(Reward):
@@ -188,9 +194,44 @@ def build_reward(
     """Build reward ``name`` over ``references`` (image id -> tokenised captions).
 
     ``document_frequencies`` feeds CIDEr-D (None: computed from ``references``). Options:
-    ``sigma`` (cider_d), ``weights`` (mixes: component -> weight).
+    ``sigma`` (cider_d), ``corenlp_dir`` (spice), ``weights`` (mixes: component -> weight;
+    a mix passes its other options to the components that take them).
     """
     return _build(name, _Context(references, document_frequencies), dict(options))
+
+
+def build_mix(
+    name: str,
+    weights: Mapping[str, float],
+    references: References,
+    document_frequencies: DocumentFrequencies | None = None,
+    **options: Any,
+) -> Mix:
+    """A mix named ``name``: ``sum(weight * FACTORIES[component])`` (options as :func:`build_reward`)."""
+    return _build_mix(name, weights, _Context(references, document_frequencies), dict(options))
+
+
+def _accepts(factory: Callable[..., Reward]) -> set[str]:
+    return {p for p in inspect.signature(factory).parameters if p != "context"}
+
+
+def _build_mix(name: str, weights: Mapping[str, float], context: _Context, options: dict[str, Any]) -> Mix:
+    unknown = [k for k in weights if k not in FACTORIES]
+    if unknown:
+        raise CaprlError(f"reward '{name}': unknown component(s) {', '.join(unknown)}")
+    unused = sorted(set(options) - set().union(*(_accepts(FACTORIES[k]) for k in weights)))
+    if unused:
+        raise CaprlError(f"reward '{name}': bad options {unused}: no component of {sorted(weights)} takes them")
+    components: dict[str, Reward] = {}
+    try:
+        for key in weights:
+            own = {k: v for k, v in options.items() if k in _accepts(FACTORIES[key])}
+            components[key] = _build(key, context, own)
+    except CaprlError as exc:
+        for built in components.values():
+            built.close()
+        raise CaprlError(f"reward '{name}': component {exc}") from exc
+    return Mix(name, components, weights)
 
 
 def _build(name: str, context: _Context, options: dict[str, Any]) -> Reward:
@@ -201,19 +242,7 @@ def _build(name: str, context: _Context, options: dict[str, Any]) -> Reward:
                 f"reward '{name}' needs explicit weights for {', '.join(MIX_COMPONENTS[name])} "
                 "(pass weights={component: weight}); the PG-SPIDEr summary gives none"
             )
-        weights = dict(given)
-        unknown = [k for k in weights if k not in FACTORIES]
-        if unknown:
-            raise CaprlError(f"reward '{name}': unknown component(s) {', '.join(unknown)}")
-        components: dict[str, Reward] = {}
-        try:
-            for key in weights:
-                components[key] = _build(key, context, options if key == "cider_d" else {})
-        except CaprlError as exc:
-            for built in components.values():
-                built.close()
-            raise CaprlError(f"reward '{name}': component {exc}") from exc
-        return Mix(name, components, weights)
+        return _build_mix(name, given, context, options)
     if name not in FACTORIES:
         raise CaprlError(f"unknown reward '{name}'; available: {', '.join(available_rewards())}")
     factory = FACTORIES[name]

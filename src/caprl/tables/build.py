@@ -1,28 +1,47 @@
-"""``caprl tables``: build the tables named in params.yaml from the evaluation score files."""
+"""``caprl tables``: build the tables named in params.yaml from one dataset's score files.
+
+``caprl tables --params P --dataset DS --results-dir results/DS --out-dir results/tables``
+reads ``results/DS/<run>/scores.json`` of every captioner run training on DS (see
+:mod:`caprl.tables.runs`) and of the ``most-frequent`` baseline, and writes
+``<out-dir>/<DS>_<table>.{md,csv,tex}`` for every name in ``tables:``. A table is a
+registered builder ``(params, dataset, scores) -> Table``; scores maps run -> score file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
 from caprl import io, params as params_mod
 from caprl.errors import CaprlError
+from caprl.params import RunSpec
+from caprl.rewards import reward_unavailable_reason
 from caprl.tables.render import Cell, Table
+from caprl.tables.runs import dataset_runs
 
 log = logging.getLogger(__name__)
 
 METRICS = [("B@1", "BLEU-1"), ("B@2", "BLEU-2"), ("B@3", "BLEU-3"), ("B@4", "BLEU-4"),
            ("M", "METEOR"), ("R", "ROUGE-L"), ("C", "CIDEr-D"), ("S", "SPICE")]
 FORMATS = {"md": Table.markdown, "csv": Table.csv, "tex": Table.latex}
+BASELINE_RUN = "most-frequent"  # the trivial baseline's score file (caprl baseline)
+PAPER_DATASET = "coco"  # the papers' dataset: tables show the papers' numbers beside ours
+METHOD_LABELS = {"xe": "XE", "scst": "SCST", "c2f": "C2F", "pg_spider": "PG-SPIDEr"}
+UNAVAILABLE = "unavailable"  # a cell of a run that could not run on this machine
 
-TableBuilder = Callable[[dict[str, Any], dict[str, dict[str, Any]]], Table]
+Scores = dict[str, dict[str, Any]]
+TableBuilder = Callable[[dict[str, Any], str, Scores], Table]
 TABLES: dict[str, TableBuilder] = {}
 
 
 def register_table(name: str) -> Callable[[TableBuilder], TableBuilder]:
     def decorator(fn: TableBuilder) -> TableBuilder:
+        if name in TABLES:
+            raise ValueError(f"table '{name}' registered twice")
         TABLES[name] = fn
         return fn
 
@@ -35,60 +54,122 @@ def metric_cells(scores: dict[str, Any] | None, metrics: list[tuple[str, str]] =
     return [Cell(100.0 * values[key] if key in values else None) for _, key in metrics]
 
 
-def unavailable_notes(scores: dict[str, dict[str, Any]]) -> list[str]:
-    reasons = {m: r for s in scores.values() for m, r in s.get("unavailable", {}).items()}
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>-])/[^\s,;:()'\"\[\]]+")
+_PACKAGE_DIRS = ("site-packages", "dist-packages")
+
+
+def _portable_path(match: re.Match[str]) -> str:
+    path = Path(match.group(0))
+    for i, part in enumerate(path.parts):
+        if part in _PACKAGE_DIRS:
+            return "/".join(("<python packages>",) + path.parts[i + 1:])
+    try:
+        return path.relative_to(Path.cwd()).as_posix() or "."
+    except ValueError:
+        return "/".join(("…",) + path.parts[-2:])
+
+
+def portable(text: str) -> str:
+    """``text`` with this machine's absolute paths made machine-independent: relative to the
+    working directory (the repository root), ``<python packages>/...`` for installed
+    packages, or ``…/<parent>/<name>`` otherwise — tables are committed and compared."""
+    return _ABSOLUTE_PATH.sub(_portable_path, text)
+
+
+def unavailable_notes(scores: Scores) -> list[str]:
+    reasons = {m: portable(r) for s in scores.values() for m, r in s.get("unavailable", {}).items()}
     return [f"{m}: not computed ({r})." for m, r in sorted(reasons.items())]
 
 
+def with_paper(dataset: str) -> bool:
+    """True where the dataset is the papers' own, so their numbers can stand beside ours."""
+    return dataset == PAPER_DATASET
+
+
+def title(params: dict[str, Any], dataset: str, what: str) -> str:
+    return f"{dataset} {params['evaluate']['split']} split: {what} (beam {params['decode']['beam_size']})"
+
+
+def run_label(view: RunSpec, what: str) -> str:
+    """A row label naming the run, so several runs of one model and method stay apart."""
+    return f"{view.model} ({what}) [{view.name}]"
+
+
+def method_label(method: str) -> str:
+    """How the tables name a training method (its registry key in capitals if not listed)."""
+    return METHOD_LABELS.get(method, method.upper())
+
+
+def not_trained_reason(params: dict[str, Any], view: RunSpec, scores: Scores) -> str | None:
+    """Why a run without scores could not be trained here: its ``reward`` needs what this
+    machine lacks (``caprl.rewards.reward_unavailable_reason``); None for a run merely missing."""
+    reward = view.options.get("reward")
+    if view.name in scores or not isinstance(reward, str):
+        return None
+    reason = reward_unavailable_reason(reward, params)
+    return None if reason is None else portable(reason)
+
+
 @register_table("main")
-def main_table(params: dict[str, Any], scores: dict[str, dict[str, Any]]) -> Table:
-    """Every model after XE and after each RL objective, plus the trivial baseline."""
-    name = params["dataset"]["name"]
-    table = Table("main", f"{name} {params['evaluate']['split']} split: XE and RL (beam {params['decode']['beam_size']})",
-                  [short for short, _ in METRICS])
-    runs = params["runs"]
-    for model in params["models"]:
-        for run, spec in runs["xe"].items():
-            if spec["model"] == model:
-                table.rows.append((f"{model} (XE)", metric_cells(scores.get(run))))
-        for run, spec in runs["rl"].items():
-            if spec["model"] == model:
-                table.rows.append((f"{model} ({spec['objective'].upper()})", metric_cells(scores.get(run))))
-    if "most-frequent" in scores:
-        table.rows.append(("most frequent training caption", metric_cells(scores["most-frequent"])))
+def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
+    """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline."""
+    table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS])
+    order = {model: i for i, model in enumerate(params["models"])}
+    views = dataset_runs(params, dataset)
+    not_trained = []
+    for view in sorted(views, key=lambda v: order.get(v.model, len(order))):  # stable: params order in a model
+        cells, reason = metric_cells(scores.get(view.name)), not_trained_reason(params, view, scores)
+        if reason is not None:
+            cells = [Cell(None, missing=UNAVAILABLE) for _ in cells]
+            not_trained.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
+        table.rows.append((run_label(view, method_label(view.method)), cells))
+    table.rows.append(("most frequent training caption", metric_cells(scores.get(BASELINE_RUN))))
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing."]
-    table.notes += unavailable_notes(scores)
+    table.notes += unavailable_notes(scores) + not_trained
     return table
 
 
-def load_scores(results_dir: Path, runs: list[str]) -> dict[str, dict[str, Any]]:
-    """``<results_dir>/<run>/scores.json`` of every run that has one; a missing run shows as —."""
-    out: dict[str, dict[str, Any]] = {}
+def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) -> Scores:
+    """``<results_dir>/<run>/scores.json`` of every run that has one; a missing run shows as —.
+
+    A file of another run, or (when ``dataset`` is given) of another dataset, is an error."""
+    out: Scores = {}
     for run in runs:
         p = results_dir / run / "scores.json"
         if not p.exists():
             log.warning("no scores for run %s (%s): its cells will show as missing", run, p)
             continue
         report = io.read_json(p, "score file")
-        if "run" not in report or "metrics" not in report:
+        if not isinstance(report, dict) or "run" not in report or "metrics" not in report:
             raise CaprlError(f"{p}: not a caprl score file (needs 'run' and 'metrics')")
-        out[report["run"]] = report
+        if report["run"] != run:
+            raise CaprlError(f"{p}: holds the scores of run '{report['run']}', not of '{run}'")
+        if dataset is not None and report.get("dataset", dataset) != dataset:
+            raise CaprlError(f"{p}: scores of dataset '{report['dataset']}', not of --dataset {dataset}")
+        out[run] = report
     return out
 
 
+def build_tables(params: dict[str, Any], dataset: str, scores: Scores) -> dict[str, Table]:
+    """Every table named in ``tables:``, by name."""
+    unknown = [name for name in params["tables"] if name not in TABLES]
+    if unknown:
+        raise CaprlError(f"tables: unknown table(s) {', '.join(unknown)}; registered: {', '.join(sorted(TABLES))}")
+    return {name: TABLES[name](params, dataset, scores) for name in params["tables"]}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results-dir", required=True, help="holds <run>/scores.json of every run")
+    parser.add_argument("--dataset", required=True, help="a key of params.yaml datasets: (names the tables)")
+    parser.add_argument("--results-dir", required=True, help="holds <run>/scores.json of every run on the dataset")
     parser.add_argument("--out-dir", required=True, help="writes <dataset>_<table>.md, .csv and .tex here")
 
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
-    runs = list(params["runs"]["xe"]) + list(params["runs"]["rl"]) + ["most-frequent"]
-    scores = load_scores(Path(args.results_dir), runs)
-    for name in params["tables"]:
-        if name not in TABLES:
-            raise CaprlError(f"tables: unknown table '{name}'; registered: {', '.join(sorted(TABLES))}")
-        table = TABLES[name](params, scores)
+    dataset = params_mod.dataset_spec(params, args.dataset)["name"]  # CaprlError naming datasets.<name>
+    runs = [view.name for view in dataset_runs(params, dataset)] + [BASELINE_RUN]
+    scores = load_scores(Path(args.results_dir), runs, dataset)
+    for name, table in build_tables(params, dataset, scores).items():
         for ext, render in FORMATS.items():
-            io.write_text(Path(args.out_dir) / f"{params['dataset']['name']}_{name}.{ext}", render(table))
-        log.info("table %s written to %s", name, args.out_dir)
+            io.write_text(Path(args.out_dir) / f"{dataset}_{name}.{ext}", render(table))
+        log.info("table %s written to %s", name, os.fspath(args.out_dir))

@@ -1,6 +1,7 @@
 """A table of results and its Markdown, CSV and LaTeX renderings.
 
-Cells are numbers or None; None renders as "—" (a missing run is never shown as zero).
+Cells are numbers or None; None renders as "—" (a missing run is never shown as zero), or
+as the cell's ``missing`` text when it says why (e.g. "unavailable (SPICE: java not found)").
 A cell may carry the paper's number, shown beside ours with the difference.
 """
 
@@ -11,15 +12,19 @@ import io
 from dataclasses import dataclass, field
 
 
+MISSING = "—"
+
+
 @dataclass
 class Cell:
     ours: float | None
     paper: float | None = None
     spread: float | None = None  # e.g. std over seeds
+    missing: str = MISSING  # shown instead of a number when ours is None
 
     def text(self) -> str:
         if self.ours is None:
-            mine = "—"
+            mine = self.missing
         else:
             mine = f"{self.ours:.1f}" + (f" ± {self.spread:.1f}" if self.spread is not None else "")
         if self.paper is None:
@@ -54,6 +59,8 @@ class Table:
             row: list[str] = [label]
             for c in cells:
                 row += ["" if v is None else f"{v:.4f}" for v in (c.ours, c.paper, c.spread)]
+                if c.ours is None and c.missing != MISSING:
+                    row[-3] = c.missing  # say why, never a number
             writer.writerow(row)
         return buf.getvalue()
 

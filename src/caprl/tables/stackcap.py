@@ -1,10 +1,10 @@
 """The Stack-Captioning paper's Tables 1-3, filled with this pipeline's runs.
 
-Rows are found from params.yaml, not from run names: a Table 1 row is every ``runs.xe``
-run whose model has the row's ``arch``; a Table 2 row every ``runs.rl`` run with the
-row's ``arch`` and objective (``scst`` for the one-stage models, ``c2f`` for Stack-Cap).
-A row with no run shows as missing; several runs give several rows, each named. When
-``dataset.name`` is ``coco`` every cell carries the paper's number (Tables 1-3 of
+Rows are found from params.yaml, not from run names: a Table 1 row is every ``xe`` run on
+the dataset whose model has the row's ``arch``; a Table 2 row every run with the row's
+``arch`` and method (``scst`` for the one-stage models, ``c2f`` for Stack-Cap). A row with
+no run shows as missing; several runs give several rows, each named. When the dataset is
+``coco`` every cell carries the paper's number (Tables 1-3 of
 :mod:`caprl.tables.paper_numbers`) and Table 3 lists the paper's prior methods.
 
 The Markdown notes link the attention figure (Fig. 3) when its PNGs exist: the figure
@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from caprl.tables import paper_numbers as paper
-from caprl.tables.build import METRICS, metric_cells, register_table, unavailable_notes
+from caprl.tables.build import METRICS, Scores, metric_cells, register_table, title, unavailable_notes, with_paper
 from caprl.tables.render import Cell, Table
+from caprl.tables.runs import select
 
 ATTENTION_FIGURES = "results/figures/{dataset}/attention"
 TABLES_DIR = "results/tables"
@@ -34,17 +35,17 @@ COLUMNS_3 = ["B@1", "B@2", "B@3", "B@4", "M", "R", "C", "S"]
 class RowSpec:
     label: str
     arch: str
-    objective: str | None  # None: an XE run (runs.xe)
+    method: str  # the runs' objective (registry key)
     paper: dict[str, float]
 
 
 TABLE1_ROWS = [
-    RowSpec("LSTM (XE)", "fc", None, paper.TABLE1["fc"]),
-    RowSpec("LSTM3 layers (XE)", "lstm3", None, paper.TABLE1["lstm3"]),
-    RowSpec("LSTM+Att_Soft (XE)", "softatt", None, paper.TABLE1["softatt"]),
-    RowSpec("LSTM+Att_Top-Down (XE)", "topdown", None, paper.TABLE1["topdown"]),
-    RowSpec("Stack-Cap* (XE)", "stackcap_star", None, paper.TABLE1["stackcap_star"]),
-    RowSpec("Stack-Cap (XE)", "stackcap", None, paper.TABLE1["stackcap"]),
+    RowSpec("LSTM (XE)", "fc", "xe", paper.TABLE1["fc"]),
+    RowSpec("LSTM3 layers (XE)", "lstm3", "xe", paper.TABLE1["lstm3"]),
+    RowSpec("LSTM+Att_Soft (XE)", "softatt", "xe", paper.TABLE1["softatt"]),
+    RowSpec("LSTM+Att_Top-Down (XE)", "topdown", "xe", paper.TABLE1["topdown"]),
+    RowSpec("Stack-Cap* (XE)", "stackcap_star", "xe", paper.TABLE1["stackcap_star"]),
+    RowSpec("Stack-Cap (XE)", "stackcap", "xe", paper.TABLE1["stackcap"]),
 ]
 TABLE2_ROWS = [
     RowSpec("LSTM (SCST, CIDEr)", "fc", "scst", paper.TABLE2["fc"]),
@@ -57,14 +58,9 @@ TABLE2_ROWS = [
 TABLE3_OURS = RowSpec("Stack-Cap (C2F), ours", "stackcap", "c2f", paper.TABLE3_STACKCAP)
 
 
-def matching_runs(params: dict[str, Any], arch: str, objective: str | None) -> list[str]:
-    """Runs (in params order) whose model has ``arch``: XE runs, or RL runs with ``objective``."""
-    models, runs = params["models"], params["runs"]
-    if objective is None:
-        candidates = list(runs["xe"].items())
-    else:
-        candidates = [(run, spec) for run, spec in runs["rl"].items() if spec["objective"] == objective]
-    return [run for run, spec in candidates if models.get(spec["model"], {}).get("arch") == arch]
+def matching_runs(params: dict[str, Any], dataset: str, arch: str, method: str) -> list[str]:
+    """The dataset's runs (in params order) of ``method`` whose model has ``arch``."""
+    return [view.name for view in select(params, dataset, method=method, arch=arch)]
 
 
 def _metrics(columns: list[str]) -> list[tuple[str, str]]:
@@ -72,15 +68,14 @@ def _metrics(columns: list[str]) -> list[tuple[str, str]]:
     return [(c, keys[c]) for c in columns]
 
 
-def model_rows(params: dict[str, Any], scores: dict[str, dict[str, Any]], spec: RowSpec,
+def model_rows(params: dict[str, Any], dataset: str, scores: Scores, spec: RowSpec,
                columns: list[str]) -> list[tuple[str, list[Cell]]]:
     """One row per matching run (a missing row if none); paper numbers on COCO."""
-    with_paper = params["dataset"]["name"] == "coco"
-    runs = matching_runs(params, spec.arch, spec.objective)
+    runs = matching_runs(params, dataset, spec.arch, spec.method)
     rows = []
     for run in runs or [None]:
         cells = metric_cells(scores.get(run) if run else None, _metrics(columns))
-        if with_paper:
+        if with_paper(dataset):
             cells = [Cell(c.ours, spec.paper.get(col), c.spread) for c, col in zip(cells, columns)]
         label = spec.label if len(runs) <= 1 else f"{spec.label} [{run}]"
         rows.append((label, cells))
@@ -100,60 +95,57 @@ def figure_note(figures_dir: Path, tables_dir: Path) -> list[str]:
     return ["", "Attention maps of every stage, per generated word (cf. Stack-Cap Fig. 3):", "", links]
 
 
-def _notes(params: dict[str, Any], scores: dict[str, dict[str, Any]], table: int) -> list[str]:
+def _notes(dataset: str, scores: Scores, table: int) -> list[str]:
     notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run or metric."]
-    if params["dataset"]["name"] == "coco":
+    if with_paper(dataset):
         notes.append(f"(paper x, ±d): Stack-Cap (Gu et al. 2018) Table {table}, MSCOCO Karpathy test, "
                      "and our difference.")
     notes += unavailable_notes(scores)
-    figures = Path(ATTENTION_FIGURES.format(dataset=params["dataset"]["name"]))
+    figures = Path(ATTENTION_FIGURES.format(dataset=dataset))
     return notes + figure_note(figures, Path(TABLES_DIR))
 
 
-def _title(params: dict[str, Any], what: str) -> str:
-    return (f"{params['dataset']['name']} {params['evaluate']['split']} split: {what} "
-            f"(beam {params['decode']['beam_size']})")
-
-
-def _used(scores: dict[str, dict[str, Any]], params: dict[str, Any], specs: list[RowSpec]) -> dict[str, dict[str, Any]]:
+def _used(params: dict[str, Any], dataset: str, scores: Scores, specs: list[RowSpec]) -> Scores:
     """The score files of the runs a table shows (for the notes on unavailable metrics)."""
-    runs = {run for s in specs for run in matching_runs(params, s.arch, s.objective)}
+    runs = {run for s in specs for run in matching_runs(params, dataset, s.arch, s.method)}
     return {run: s for run, s in scores.items() if run in runs}
 
 
 def _model_table(name: str, what: str, specs: list[RowSpec], number: int, params: dict[str, Any],
-                 scores: dict[str, dict[str, Any]]) -> Table:
-    table = Table(name, _title(params, what), list(COLUMNS_12))
+                 dataset: str, scores: Scores) -> Table:
+    table = Table(name, title(params, dataset, what), list(COLUMNS_12))
     for spec in specs:
-        table.rows += model_rows(params, scores, spec, COLUMNS_12)
-    table.notes = _notes(params, _used(scores, params, specs), number)
+        table.rows += model_rows(params, dataset, scores, spec, COLUMNS_12)
+    table.notes = _notes(dataset, _used(params, dataset, scores, specs), number)
     return table
 
 
 @register_table("stackcap_table1")
-def stackcap_table1(params: dict[str, Any], scores: dict[str, dict[str, Any]]) -> Table:
+def stackcap_table1(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Stack-Cap Table 1: every model after cross-entropy training."""
-    return _model_table("stackcap_table1", "Stack-Cap Table 1, cross-entropy (XE)", TABLE1_ROWS, 1, params, scores)
+    return _model_table("stackcap_table1", "Stack-Cap Table 1, cross-entropy (XE)", TABLE1_ROWS, 1,
+                        params, dataset, scores)
 
 
 @register_table("stackcap_table2")
-def stackcap_table2(params: dict[str, Any], scores: dict[str, dict[str, Any]]) -> Table:
+def stackcap_table2(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Stack-Cap Table 2: one-stage models after SCST, Stack-Cap models after C2F."""
-    return _model_table("stackcap_table2", "Stack-Cap Table 2, after RL (SCST / C2F)", TABLE2_ROWS, 2, params, scores)
+    return _model_table("stackcap_table2", "Stack-Cap Table 2, after RL (SCST / C2F)", TABLE2_ROWS, 2,
+                        params, dataset, scores)
 
 
 @register_table("stackcap_table3")
-def stackcap_table3(params: dict[str, Any], scores: dict[str, dict[str, Any]]) -> Table:
+def stackcap_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Stack-Cap Table 3: our Stack-Cap (C2F) beside the paper's prior methods (COCO only)."""
-    table = Table("stackcap_table3", _title(params, "Stack-Cap Table 3, comparison with prior methods"),
+    table = Table("stackcap_table3", title(params, dataset, "Stack-Cap Table 3, comparison with prior methods"),
                   list(COLUMNS_3))
-    coco = params["dataset"]["name"] == "coco"
+    coco = with_paper(dataset)
     if coco:
         for label, row in paper.TABLE3_PRIOR:
             table.rows.append((f"{label} [paper]", [Cell(None, row.get(c)) for c in COLUMNS_3]))
-    table.rows += model_rows(params, scores, TABLE3_OURS, COLUMNS_3)
-    table.notes = _notes(params, _used(scores, params, [TABLE3_OURS]), 3)
+    table.rows += model_rows(params, dataset, scores, TABLE3_OURS, COLUMNS_3)
+    table.notes = _notes(dataset, _used(params, dataset, scores, [TABLE3_OURS]), 3)
     if not coco:
         table.notes.insert(1, "The paper's rows for prior methods are MSCOCO numbers: they are listed only "
-                              "when dataset.name is coco.")
+                              "for the dataset coco.")
     return table

@@ -16,6 +16,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from caprl.device import default_device
+
 
 @dataclass
 class Dist:
@@ -72,7 +74,7 @@ def from_environment() -> Dist:
     env = os.environ
     world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
     if world <= 1:
-        return Dist(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        return Dist(device=default_device())
     rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
     local_rank = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
     env.setdefault("MASTER_ADDR", "127.0.0.1")

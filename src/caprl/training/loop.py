@@ -8,6 +8,7 @@ every epoch end and on SIGTERM/SIGUSR1. The order of batches is a pure function 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -19,14 +20,24 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from caprl import decoding
+from caprl import checkpoint, decoding
+from caprl.errors import CaprlError
 from caprl.models import CaptionModel
 from caprl.objectives import Objective
-from caprl.training import checkpoint
-from caprl.training.data import CaptionData
+from caprl.data.loader import CaptionData
 from caprl.training.distributed import Dist
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunMeta:
+    """What a run's checkpoints record besides the weights."""
+
+    arch: str  # the caption model's architecture
+    run: dict[str, Any]  # the run's spec (method, model, options, init, datasets)
+    vocab_sha256: str
+    config_hash: str
 
 
 class Preempted(SystemExit):
@@ -88,6 +99,8 @@ def epoch_order(image_ids: list[int], seed: int, epoch: int) -> list[int]:
 
 
 class Trainer:
+    """Optimises the caption model and every module its objective brings, on ``dist.device``."""
+
     def __init__(
         self,
         model: CaptionModel,
@@ -96,20 +109,23 @@ class Trainer:
         config: LoopConfig,
         validate: Callable[[CaptionModel], dict[str, float]],
         state_dir: Path,
-        model_meta: dict[str, Any],
+        meta: RunMeta,
         tracker: Any,
         dist: Dist | None = None,
     ) -> None:
         self.dist = dist or Dist()
-        self.model, self.objective, self.data, self.config = model.to(self.dist.device), objective, data, config
+        self.model, self.objective, self.data, self.config = model, objective, data, config
         self.validate = validate
         self.state_dir = Path(state_dir)
-        self.meta = model_meta
+        self.meta = meta
         self.tracker = tracker
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.loss_fn: torch.nn.Module = LossModule(self.model, objective).to(self.dist.device)
+        self.modules: dict[str, torch.nn.Module] = {checkpoint.MODEL: model, **objective.modules_to_save()}
+        groups = objective.param_groups(model)
+        self.optimizer = torch.optim.Adam([{k: v for k, v in g.items() if k != "name"} for g in groups])
+        self.clipped = [g["params"] for g in groups]  # each module clipped on its own
         self.pos = Position()
         self.stop = StopFlag()
-        self.loss_fn: torch.nn.Module = LossModule(self.model, objective)
         if self.dist.active:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -117,23 +133,30 @@ class Trainer:
             self.loss_fn = DistributedDataParallel(self.loss_fn, device_ids=ids, find_unused_parameters=True)
 
     # --- state -------------------------------------------------------------------------
-    def _payload(self, with_optimizer: bool) -> dict[str, Any]:
-        payload = dict(self.meta)
-        payload["model_state"] = self.model.state_dict()
-        payload.update(epoch=self.pos.epoch, batch=self.pos.batch, step=self.pos.step,
-                       best_score=self.pos.best_score, history=self.pos.history)
-        if with_optimizer:
-            payload["optimizer_state"] = self.optimizer.state_dict()
-            payload["rng_torch"] = self.dist.gather(torch.get_rng_state())  # one state per process
-            payload["mlflow_run_id"] = getattr(self.tracker, "run_id", None) or ""
-            payload["epoch_losses"] = list(self.pos.epoch_losses)
-        return payload
+    def _checkpoint(self, with_state: bool) -> checkpoint.Checkpoint:
+        records = {checkpoint.MODEL: checkpoint.model_record(self.model, self.meta.arch)}
+        for name, module in self.objective.modules_to_save().items():
+            records[name] = checkpoint.record_of(module, f"{self.objective.name}.{name}",
+                                                 dataclasses.asdict(self.objective.options))
+        position = {"epoch": self.pos.epoch, "batch": self.pos.batch, "step": self.pos.step,
+                    "best_score": self.pos.best_score, "select": self.objective.select, "history": self.pos.history}
+        ckpt = checkpoint.Checkpoint(run=self.meta.run, modules=records, vocab_sha256=self.meta.vocab_sha256,
+                                     config_hash=self.meta.config_hash, code_version=checkpoint.code_version(),
+                                     position=position)
+        if with_state:
+            position["epoch_losses"] = list(self.pos.epoch_losses)
+            ckpt.optimizer = self.optimizer.state_dict()
+            ckpt.rng = {"cpu": self.dist.gather(torch.get_rng_state())}  # one state per process
+            if self.dist.device.type == "cuda":
+                ckpt.rng["cuda"] = self.dist.gather(torch.cuda.get_rng_state(self.dist.device).cpu())
+            ckpt.mlflow_run_id = getattr(self.tracker, "run_id", None) or ""
+        return ckpt
 
     def save_state(self) -> None:
         """Every process calls this (the RNG states are gathered); process 0 writes."""
-        payload = self._payload(with_optimizer=True)
+        ckpt = self._checkpoint(with_state=True)
         if self.dist.main:
-            checkpoint.save(self.state_dir / "last.pt", payload)
+            checkpoint.save(self.state_dir / "last.pt", ckpt)
         self.dist.barrier()
 
     def resume(self) -> bool:
@@ -144,20 +167,29 @@ class Trainer:
                 stale.unlink(missing_ok=True)
         if not path.exists():
             return False
-        state = checkpoint.load(path, vocab_sha256=self.meta["vocab_sha256"])
-        if state.get("config_hash") != self.meta["config_hash"]:
+        try:
+            state = checkpoint.load(path, vocab_sha256=self.meta.vocab_sha256)
+        except CaprlError as exc:
+            log.warning("%s cannot be resumed (%s): starting this run afresh", path, exc)
+            return False
+        if state.config_hash != self.meta.config_hash:
             log.warning("%s was written with other parameters: starting this run afresh", path)
             return False
-        self.model.load_state_dict(state["model_state"])
-        self.optimizer.load_state_dict(state["optimizer_state"])
-        rng = state["rng_torch"]
-        if len(rng) == self.dist.world:
-            torch.set_rng_state(rng[self.dist.rank])
+        for name, module in self.modules.items():
+            module.load_state_dict(state.module(name, where=str(path)).state)
+        assert state.optimizer is not None and state.rng is not None
+        self.optimizer.load_state_dict(state.optimizer)
+        cpu, cuda = state.rng["cpu"], state.rng.get("cuda")
+        if len(cpu) == self.dist.world:
+            torch.set_rng_state(cpu[self.dist.rank])
+            if cuda is not None and self.dist.device.type == "cuda":
+                torch.cuda.set_rng_state(cuda[self.dist.rank], self.dist.device)
         else:  # resumed with another number of processes: dropout streams cannot continue
-            log.warning("state saved by %d processes, resuming with %d: re-seeding dropout", len(rng), self.dist.world)
-            torch.manual_seed(self.config.seed + 1000 * self.dist.rank + state["step"])
-        self.pos = Position(state["epoch"], state["batch"], state["step"], state["best_score"], list(state["history"]),
-                            list(state.get("epoch_losses", [])))
+            log.warning("state saved by %d processes, resuming with %d: re-seeding dropout", len(cpu), self.dist.world)
+            torch.manual_seed(self.config.seed + 1000 * self.dist.rank + state.position["step"])
+        p = state.position
+        self.pos = Position(p["epoch"], p["batch"], p["step"], p["best_score"], list(p["history"]),
+                            list(p.get("epoch_losses", [])))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.pos.epoch, self.pos.batch, self.pos.step)
         return True
 
@@ -191,7 +223,7 @@ class Trainer:
 
     def _step(self, image_ids: list[int]) -> dict[str, float]:
         """One optimiser step on a global batch; each process takes its block of images."""
-        self.model.train()
+        self.loss_fn.train()
         local, offset = self.dist.shard(image_ids)
         batch = self.data.batch(local).to(self.dist.device)
         batch.noise = decoding.Noise(self.config.seed, self.pos.step, total=len(image_ids), offset=offset)
@@ -199,23 +231,29 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            for params in self.clipped:
+                torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         self.optimizer.step()
         return self.dist.mean_metrics({"loss": float(loss.detach()), **metrics})
 
     def _end_epoch(self, losses: list[float], seconds: float) -> None:
         val = self.validate(self.model)  # every process computes it (same weights, same number)
-        score = val["CIDEr-D"]
+        select = self.objective.select
+        if select not in val:
+            raise CaprlError(f"objective {self.objective.name} selects epochs on '{select}', "
+                             f"but validation gives {', '.join(sorted(val))}")
+        score = val[select]
         train_loss = float(np.mean(losses)) if losses else float("nan")
         record = {"epoch": self.pos.epoch + 1, "step": self.pos.step, "train_loss": train_loss,
                   "step_losses": losses, "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
         self.pos.history.append(record)
-        self.tracker.log_metrics({"val/CIDEr-D": score, "train/epoch_loss": train_loss}, step=self.pos.step)
-        log.info("epoch %d: train loss %.4f, val CIDEr-D %.4f (%.1fs)", self.pos.epoch + 1, train_loss, score, seconds)
+        self.tracker.log_metrics({**{f"val/{k}": v for k, v in val.items()}, "train/epoch_loss": train_loss},
+                                 step=self.pos.step)
+        log.info("epoch %d: train loss %.4f, val %s %.4f (%.1fs)", self.pos.epoch + 1, train_loss, select, score, seconds)
         if score > self.pos.best_score:
             self.pos.best_score = score
             if self.dist.main:
-                checkpoint.save(self.state_dir / "best.pt", self._payload(with_optimizer=False))
+                checkpoint.save(self.state_dir / "best.pt", self._checkpoint(with_state=False))
         self.pos.epoch += 1
         self.pos.batch = 0
         self.pos.epoch_losses = []
@@ -225,13 +263,9 @@ class Trainer:
 def greedy_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], max_length: int,
                     batch_size: int = 100) -> dict[int, list[str]]:
     """Greedy caption (last stage) of every image, as word lists."""
-    model.eval()
-    device = next(model.parameters()).device
     out: dict[int, list[str]] = {}
-    with torch.no_grad():
-        for i in range(0, len(image_ids), batch_size):
-            ids = image_ids[i : i + batch_size]
-            ctx = model.encode(*(t.to(device) for t in data.features_of(ids)))
-            tokens = decoding.sample(model, ctx, max_length, greedy=True).last_stage()
-            out.update(zip(ids, data.decode(tokens)))
+    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
+                                             lambda m, ctx: decoding.greedy_decoder(m, ctx, max_length),
+                                             batch_size, desc="validation"):
+        out.update(zip(ids, data.decode(tokens[:, 0])))
     return out

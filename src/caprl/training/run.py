@@ -1,6 +1,7 @@
 """``caprl train --run NAME ...``: train one run (a model and an objective) from params.yaml.
 
-Outputs: ``--checkpoint`` (the best weights on validation CIDEr-D, with their config) and
+Outputs: ``--checkpoint`` (every module at the best epoch on the objective's validation
+metric, CIDEr-D for captioners, with their config) and
 ``--history`` (per-epoch metrics). ``--state-dir`` holds the resume state (``last.pt``,
 ``best.pt``); it is not a DAG output, so a re-submitted job finds it and resumes.
 """
@@ -17,29 +18,43 @@ from typing import Any
 
 import torch
 
-from caprl import io, params as params_mod
+from caprl import checkpoint, io, params as params_mod
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
-from caprl.rewards import build_reward, compute_document_frequencies, load_document_frequencies
+from caprl.rewards import (build_configured_reward, build_reward, compute_document_frequencies,
+                           load_document_frequencies)
 from caprl.seeding import seed_everything
 from caprl.tracking import Tracker
-from caprl.training import checkpoint, distributed
-from caprl.training.data import CaptionData, add_data_arguments
+from caprl.training import distributed
+from caprl.data.loader import CaptionData, add_data_arguments
 from caprl.training.distributed import Dist
-from caprl.training.loop import LoopConfig, Trainer, greedy_captions
+from caprl.training.loop import LoopConfig, RunMeta, Trainer, greedy_captions
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", required=True, help="run name under runs.xe / runs.rl in params.yaml")
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
+    parser.add_argument("--run", required=True, help="run name under runs: in params.yaml")
     add_data_arguments(parser)
     parser.add_argument("--cider-df", required=True, help="document frequencies of the training references")
-    parser.add_argument("--init", default=None, help="checkpoint to start from (RL runs: the XE run's best)")
+    parser.add_argument("--init", action="append", default=[], metavar="ROLE=PATH",
+                        help="start module ROLE (model, or an objective's module) from checkpoint PATH; repeatable")
     parser.add_argument("--checkpoint", required=True, help="output: best checkpoint")
     parser.add_argument("--history", required=True, help="output: per-epoch metrics (JSON)")
     parser.add_argument("--state-dir", required=True, help="resume state (last.pt); kept across restarts")
+
+
+def parse_inits(values: list[str]) -> dict[str, str]:
+    """``["model=runs/ds/fc-xe/best.pt", ...]`` -> ``{"model": "runs/ds/fc-xe/best.pt"}``."""
+    out: dict[str, str] = {}
+    for value in values:
+        role, sep, path = value.partition("=")
+        if not sep or not role or not path:
+            raise CaprlError(f"--init {value!r}: expected ROLE=PATH, e.g. --init model=runs/synthetic/fc-xe/best.pt")
+        out[role] = path
+    return out
 
 
 def config_hash(*parts: Any) -> str:
@@ -54,6 +69,9 @@ def fingerprint(paths: list[str | None]) -> list[tuple[str, int, int]]:
 def make_validator(data: CaptionData, max_length: int) -> Any:
     """Validation CIDEr-D of greedy captions, document frequencies from the val references (as coco-eval)."""
     refs = data.references("val")
+    if not refs:
+        raise CaprlError(f"{data.paths.annotations}: the val split has no images; the best epoch is chosen on "
+                         "validation, so give the dataset a val split (Karpathy 'val')")
     scorer = build_reward("cider_d", refs, compute_document_frequencies(refs))
     ids = sorted(refs)
 
@@ -64,25 +82,31 @@ def make_validator(data: CaptionData, max_length: int) -> Any:
     return validate
 
 
-def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: str, init: str | None,
-          state_dir: Path, dist: Dist | None = None) -> tuple[Path, list[dict[str, Any]]]:
-    """Train ``run``; returns the path of the best state and the per-epoch history."""
+def load_inits(modules: dict[str, torch.nn.Module], inits: dict[str, str], expected: dict[str, str],
+               run: str, vocab_sha256: str) -> None:
+    """Load each role's module from its checkpoint; roles must be the run's ``init`` roles."""
+    if set(inits) != set(expected):
+        raise CaprlError(f"runs.{run}.init names roles {sorted(expected)} but --init gave {sorted(inits)}")
+    for role, path in inits.items():
+        if role not in modules:
+            raise CaprlError(f"runs.{run}.init.{role}: this run has no module '{role}' "
+                             f"(it trains {', '.join(sorted(modules))})")
+        record = checkpoint.load(path, vocab_sha256=vocab_sha256).module(role, where=path)
+        modules[role].load_state_dict(record.state)
+
+
+def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cider_df_path: str,
+          inits: dict[str, str], state_dir: Path, dist: Dist | None = None) -> tuple[Path, list[dict[str, Any]]]:
+    """Train ``run`` on ``dataset``; returns the path of the best state and the per-epoch history."""
     dist = dist or Dist()
     spec = params_mod.run_spec(params, run)
-    if spec["model"] not in params["models"]:
-        raise CaprlError(f"runs.{run}.model: '{spec['model']}' is not defined under models: in params.yaml")
-    if spec["objective"] not in params["objectives"]:
-        raise CaprlError(f"runs.{run}.objective: '{spec['objective']}' is not defined under objectives: in params.yaml")
-    if spec["init"] is not None and init is None:
-        raise CaprlError(f"run '{run}' starts from run '{spec['init']}': pass its checkpoint with --init")
+    if spec.model not in params["models"]:
+        raise CaprlError(f"runs.{run}.model: '{spec.model}' is not defined under models: in params.yaml")
     seed_everything(params["seed"] + 1000 * dist.rank)  # dropout streams differ per process
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    model_params = dict(params["models"][spec["model"]])
+    model_params = dict(params["models"][spec.model])
     arch = model_params.pop("arch")
-    model = build_model(arch, model_params, len(data.vocab), data.feat_dim, data.n_regions, where=f"models.{spec['model']}")
-    if init is not None:
-        model.load_state_dict(checkpoint.load(init, vocab_sha256=data.vocab.sha256)["model_state"])
-    objective_options = spec["options"]
+    model = build_model(arch, model_params, len(data.vocab), data.feat_dim, data.n_regions, where=f"models.{spec.model}")
     train_refs = data.references("train")
     rewards: dict[str, Any] = {}
     df = None
@@ -91,39 +115,46 @@ def train(params: dict[str, Any], run: str, data: CaptionData, cider_df_path: st
         nonlocal df
         if name not in rewards:
             df = df if df is not None else load_document_frequencies(cider_df_path)
-            rewards[name] = build_reward(name, train_refs, df)
+            rewards[name] = build_configured_reward(name, params, train_refs, df)
         return rewards[name]
 
     env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=params["decode"]["max_length"],
                        global_sum=dist.sum, world_size=dist.world)
-    objective = build_objective(spec["objective"], objective_options, env)
+    objective = build_objective(spec.method, spec.options, env, model, where=f"runs.{run}")
+    load_inits({checkpoint.MODEL: model, **objective.modules_to_save()}, inits, spec.init, run, data.vocab.sha256)
     t = params["train"]
-    loop = LoopConfig(epochs=objective_options["epochs"], lr=objective_options["lr"], batch_size=t["batch_size"],
+    loop = LoopConfig(epochs=objective.options.epochs, lr=objective.options.lr, batch_size=t["batch_size"],
                       grad_clip=t["grad_clip"], checkpoint_every=t["checkpoint_every"], log_every=t["log_every"],
                       max_length=params["decode"]["max_length"], seed=params["seed"])
-    meta = {"arch": arch, "model_options": model_params, "vocab_sha256": data.vocab.sha256,
-            "vocab_size": len(data.vocab), "feat_dim": data.feat_dim, "n_regions": data.n_regions,
-            "run": {k: v for k, v in spec.items() if v is not None},
-            "config_hash": config_hash(spec, arch, model_params, objective_options, t, params["seed"],
-                                       params["decode"],
-                                       fingerprint([*vars(data.paths).values(), cider_df_path, init]))}
+    run_record = {"name": run, "dataset": dataset, "method": spec.method, "model": spec.model,
+                  "options": dict(spec.options), "init": dict(spec.init)}
+    reward_name = spec.options.get("reward")
+    meta = RunMeta(arch=arch, run=run_record, vocab_sha256=data.vocab.sha256,
+                   config_hash=config_hash(run_record, arch, model_params, t, params["seed"], params["decode"],
+                                           params.get("rewards", {}).get(reward_name) if reward_name else None,
+                                           fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])))
     experiment = params["tracking"]["experiment"]
     previous = state_dir / "last.pt"
     run_id = None
     if previous.exists():
-        run_id = checkpoint.load(previous).get("mlflow_run_id") or None
-    with Tracker(experiment, f"{params['dataset']['name']}/{run}/train",
-                 tags={"stage": "train", "dataset": params["dataset"]["name"], "run": run,
-                       "model": spec["model"], "objective": spec["objective"]}, run_id=run_id,
-                 enabled=dist.main) as tracker:
+        try:
+            run_id = checkpoint.load(previous).mlflow_run_id or None
+        except CaprlError:
+            run_id = None
+    with Tracker(experiment, f"{dataset}/{run}/train",
+                 tags={"stage": "train", "dataset": dataset, "run": run, "model": spec.model, "method": spec.method},
+                 run_id=run_id, enabled=dist.main) as tracker:
         trainer = Trainer(model, objective, data, loop, make_validator(data, loop.max_length), state_dir, meta,
                           tracker, dist)
         if not trainer.resume():
-            tracker.log_params({"run": spec, "model": params["models"][spec["model"]],
-                                "objective": objective_options, "train": t, "seed": params["seed"],
-                                "dataset": params["dataset"], "features": {"backbone": params["features"]["backbone"]}})
+            tracker.log_params({"run": run_record, "model": params["models"][spec.model], "train": t,
+                                "seed": params["seed"], "dataset": params_mod.dataset_spec(params, dataset)})
         position = trainer.fit(data.split_ids("train"))
-        tracker.log_metrics({"best/val_CIDEr-D": position.best_score}, step=position.step)
+        tracker.log_metrics({f"best/val_{objective.select}": position.best_score}, step=position.step)
+    for reward_fn in rewards.values():
+        close = getattr(reward_fn, "close", None)
+        if close is not None:
+            close()
     return state_dir / "best.pt", position.history
 
 
@@ -144,10 +175,10 @@ def run_process(args: argparse.Namespace) -> None:
         log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
     data = CaptionData.from_args(args)
     state_dir = Path(args.state_dir)
-    best, history = train(params, args.run, data, args.cider_df, args.init, state_dir, dist)
+    best, history = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist)
     if not dist.main:
         return
     with io.atomic_path(args.checkpoint) as tmp:
         shutil.copyfile(best, tmp)
     io.write_json(args.history, {"run": args.run, "epochs": history})
-    log.info("run %s: best val CIDEr-D %.4f -> %s", args.run, max(h["val_CIDEr-D"] for h in history), args.checkpoint)
+    log.info("run %s: best checkpoint -> %s", args.run, args.checkpoint)

@@ -14,7 +14,7 @@ import torch
 from caprl.data.prepare import load_annotations
 from caprl.data.vocab import Labels, Vocab
 from caprl.features.store import Features
-from caprl.objectives.base import Batch
+from caprl.data.batch import Batch
 from caprl.rewards import references_from_annotations
 
 
@@ -27,7 +27,7 @@ class DataPaths:
 
 
 def add_data_arguments(parser: Any) -> None:
-    """The inputs every model-reading stage takes (train, evaluate, attention-figure)."""
+    """The data inputs every model-reading stage takes (train, evaluate, attention-figure)."""
     for name in ("annotations", "vocab", "labels", "features"):
         parser.add_argument(f"--{name}", required=True)
 

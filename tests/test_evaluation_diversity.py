@@ -8,7 +8,7 @@ from conftest_rewards import coco_tokens
 from pycocoevalcap.bleu.bleu import Bleu
 
 from caprl.errors import CaprlError
-from caprl.metrics.diversity import diversity, div_n
+from caprl.evaluation.diversity import diversity, div_n
 
 
 def test_div_n_by_hand():

@@ -1,0 +1,145 @@
+"""Typed checkpoints, shared by training, evaluation and figures.
+
+A :class:`Checkpoint` holds every trainable module of a run (the caption model under
+``"model"``, and an objective's own modules: a baseline, a value network, a listener)
+each with the architecture and options that rebuild it, the vocabulary's hash, the hash of
+the configuration that made it, the code version, and — for the resume state — the
+position in the data, the optimiser and the RNG states (CPU and CUDA) of every process.
+
+On disk it is a dict of tensors and plain Python containers only, so it loads with
+``torch.load(..., weights_only=True)``; :func:`load` refuses a different vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from caprl.errors import CaprlError
+from caprl.io import atomic_path
+from caprl.models import CaptionModel, build_model
+
+FORMAT = 2  # version of the on-disk layout below
+MODEL = "model"  # role of the caption model
+
+
+@dataclass
+class ModuleRecord:
+    """One trainable module: ``arch`` + ``options`` rebuild it, ``state`` holds its weights.
+
+    For the caption model ``arch`` is a ``caprl.models`` registry key and ``shape`` holds
+    vocab_size / feat_dim / n_regions; an objective's module has ``arch`` = "<method>.<name>"
+    and is rebuilt by its objective from ``options``.
+    """
+
+    arch: str
+    options: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    shape: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Checkpoint:
+    run: dict[str, Any]
+    modules: dict[str, ModuleRecord]
+    vocab_sha256: str
+    config_hash: str = ""
+    code_version: str = ""
+    position: dict[str, Any] = field(default_factory=dict)  # epoch, batch, step, best_score, history, ...
+    optimizer: dict[str, Any] | None = None
+    rng: dict[str, list[Any]] | None = None  # {"cpu": [per process], "cuda": [per process]}
+    mlflow_run_id: str = ""
+
+    def to_payload(self) -> dict[str, Any]:
+        payload = dataclasses.asdict(self)
+        payload["format"] = FORMAT
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any], where: str = "checkpoint") -> "Checkpoint":
+        if payload.get("format") != FORMAT:
+            raise CaprlError(f"{where}: checkpoint format {payload.get('format')!r}, this caprl reads {FORMAT}: "
+                             "retrain the run (delete its runs/<dataset>/<run>/ folder)")
+        modules = {name: ModuleRecord(**record) for name, record in payload["modules"].items()}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"modules"}
+        return cls(modules=modules, **{k: v for k, v in payload.items() if k in fields})
+
+    def module(self, role: str, where: str = "checkpoint") -> ModuleRecord:
+        if role not in self.modules:
+            raise CaprlError(f"{where} holds no module '{role}' (it holds {', '.join(sorted(self.modules))})")
+        return self.modules[role]
+
+
+def record_of(module: torch.nn.Module, arch: str, options: dict[str, Any],
+              shape: dict[str, int] | None = None) -> ModuleRecord:
+    state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    return ModuleRecord(arch=arch, options=dict(options), state=state, shape=dict(shape or {}))
+
+
+def model_record(model: CaptionModel, arch: str) -> ModuleRecord:
+    shape = {"vocab_size": model.vocab_size, "feat_dim": model.feat_dim, "n_regions": model.n_regions}
+    return record_of(model, arch, dataclasses.asdict(model.config), shape)
+
+
+def save_payload(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
+    """Write atomically: a job killed mid-save leaves the previous file intact."""
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_payload(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise CaprlError(f"checkpoint not found: {p}")
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated/foreign files
+        raise CaprlError(f"{p}: not a readable caprl checkpoint ({type(exc).__name__}: {exc})") from exc
+
+
+def save(path: str | os.PathLike[str], checkpoint: Checkpoint) -> None:
+    save_payload(path, checkpoint.to_payload())
+
+
+def load(path: str | os.PathLike[str], vocab_sha256: str | None = None) -> Checkpoint:
+    """Read a checkpoint; with ``vocab_sha256``, refuse one trained on another vocabulary."""
+    ckpt = Checkpoint.from_payload(load_payload(path), where=str(path))
+    if vocab_sha256 is not None and ckpt.vocab_sha256 != vocab_sha256:
+        raise CaprlError(
+            f"{path} was trained with a different vocabulary (sha256 {ckpt.vocab_sha256[:12]}..., "
+            f"expected {vocab_sha256[:12]}...): retrain it, or use the vocabulary it was trained with"
+        )
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: Checkpoint, role: str = MODEL) -> CaptionModel:
+    """Rebuild the caption model from the config stored in the checkpoint and load its weights."""
+    record = ckpt.module(role)
+    model = build_model(record.arch, dict(record.options), vocab_size=int(record.shape["vocab_size"]),
+                        feat_dim=int(record.shape["feat_dim"]), n_regions=int(record.shape["n_regions"]),
+                        where="checkpoint")
+    model.load_state_dict(record.state)
+    return model
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """``git describe`` of the source tree (commit, ``-dirty`` if modified), or the package version."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=root,
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import version
+
+    return f"caprl {version('caprl')}"

@@ -1,0 +1,117 @@
+"""PG-SPIDEr (Liu et al., ICCV 2017): policy gradient with Monte-Carlo roll-outs and a learned baseline.
+
+For each image one caption ``g_{1:T}`` is sampled (M = 1). At every step t, ``K`` roll-outs
+complete the prefix ``g_{1:t}`` to the end; their mean reward estimates
+
+    Q(g_{1:t-1}, g_t) = 1/K sum_k R(g_{1:t}; g^k_{t+1:T})
+
+(at the end token the caption is complete and Q is its reward). A baseline MLP
+``B_phi(s_t)`` reads the RNN hidden state that produced ``pi(g_t | g_{1:t-1})``, detached,
+so no gradient reaches the RNN through it, and is trained by MSE towards Q. The policy loss
+
+    L_theta = - sum_t (Q(g_{1:t-1}, g_t) - B_phi(s_t)) log pi(g_t | g_{1:t-1})
+
+is averaged over the sampled tokens of the global batch (as SCST here), and the baseline
+loss ``sum_t (Q - B_phi)^2`` likewise; ``Q - B`` is a constant for the policy. All roll-outs
+of a batch are decoded as one batch (``caprl.decoding.rollouts_from_prefixes``), in eval
+mode (no dropout) and without gradient. Where the summary is silent: the roll-outs use the
+same sampling temperature as the sample (1), and the baseline is a 2-layer MLP with a
+ReLU (``baseline_hidden`` units) on the last stage's hidden state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from caprl import decoding
+from caprl.models.base import CaptionModel
+from caprl.objectives.base import Batch, Objective, ObjectiveEnv, Options, register_objective
+
+
+@dataclass
+class PGSpiderOptions(Options):
+    rollouts: int  # K Monte-Carlo roll-outs per step (paper: 3)
+    reward: str  # a name under `rewards:` (cider_d, bcmr, spider, ...)
+    baseline_lr: float  # learning rate of the baseline MLP
+    baseline_hidden: int  # hidden units of the baseline MLP
+
+
+def monte_carlo_q(reward: Callable[[Sequence[int], Sequence[Sequence[str]]], np.ndarray],
+                  image_ids: Sequence[int], completions: Sequence[Sequence[Sequence[Sequence[str]]]],
+                  mask: np.ndarray) -> np.ndarray:
+    """``Q [N, T]``: the mean reward of each step's ``K`` completed captions.
+
+    ``completions[i][t][k]`` is the k-th completion (words) of image i's prefix up to step t;
+    only steps with ``mask[i, t]`` are scored (others are 0). Identical (image, caption)
+    pairs are scored once (an ended prefix's K completions are all the same caption).
+    """
+    n, steps = mask.shape
+    keys: dict[tuple[int, tuple[str, ...]], int] = {}
+    where: list[tuple[int, int, int]] = []
+    for i in range(n):
+        for t in range(steps):
+            if mask[i, t]:
+                for caption in completions[i][t]:
+                    key = (int(image_ids[i]), tuple(caption))
+                    where.append((i, t, keys.setdefault(key, len(keys))))
+    q = np.zeros((n, steps), dtype=np.float64)
+    if not keys:
+        return q
+    unique = list(keys)
+    scores = np.asarray(reward([k[0] for k in unique], [list(k[1]) for k in unique]), dtype=np.float64)
+    counts = np.zeros((n, steps))
+    for i, t, j in where:
+        q[i, t] += scores[j]
+        counts[i, t] += 1
+    return np.divide(q, counts, out=np.zeros_like(q), where=counts > 0)
+
+
+@register_objective("pg_spider")
+class PGSpider(Objective):
+    Options = PGSpiderOptions
+    options: PGSpiderOptions
+
+    def __init__(self, options: PGSpiderOptions, env: ObjectiveEnv, model: CaptionModel) -> None:
+        super().__init__(options, env, model)
+        hidden = model.config.hidden_size
+        self.baseline = nn.Sequential(nn.Linear(hidden, options.baseline_hidden), nn.ReLU(),
+                                      nn.Linear(options.baseline_hidden, 1))
+
+    def param_groups(self, model: CaptionModel) -> list[dict[str, Any]]:
+        return super().param_groups(model) + [
+            {"params": list(self.baseline.parameters()), "lr": self.options.baseline_lr, "name": "baseline"}]
+
+    def q_values(self, model: CaptionModel, samples: decoding.Samples, batch: Batch) -> torch.Tensor:
+        """Q for every sampled step, from ``rollouts`` completions of each prefix (no gradient)."""
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            completed = decoding.rollouts_from_prefixes(model, samples, self.options.rollouts, self.env.max_length,
+                                                        noise=batch.noise)
+        model.train(was_training)
+        n, steps, k = completed.shape[:3]
+        words = self.env.decode_words(completed[:, :, :, -1].reshape(n * steps * k, -1))
+        nested = [[words[(i * steps + t) * k : (i * steps + t + 1) * k] for t in range(steps)] for i in range(n)]
+        mask = samples.mask[:, -1, :steps].detach().cpu().numpy() > 0
+        q = monte_carlo_q(self.env.reward(self.options.reward), batch.image_ids, nested, mask)
+        return self.tensor(q, like=samples.logprobs)
+
+    def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        ctx = model.encode(batch.pooled, batch.regions)
+        samples = decoding.rollout(model, decoding.start(model, ctx), self.env.max_length, noise=batch.noise,
+                                   keep_hidden=True, keep_states=True)
+        steps = len(samples.after)
+        logprobs, mask = samples.logprobs[:, -1, :steps], samples.mask[:, -1, :steps]
+        q = self.q_values(model, samples, batch)
+        assert samples.hidden is not None
+        b = self.baseline(samples.hidden[:, -1].detach()).squeeze(-1)  # [N, T]: no gradient into the RNN
+        policy = -self.mean((q - b).detach() * logprobs, mask)
+        baseline = self.mean((q - b) ** 2, mask)
+        last = (mask.sum(dim=1).long() - 1).clamp(min=0)  # the end token's step: Q = the caption's reward
+        return policy + baseline, {"policy_loss": float(policy.detach()), "baseline_mse": float(baseline.detach()),
+                                   "reward_sample": float(q.gather(1, last.unsqueeze(1)).mean())}

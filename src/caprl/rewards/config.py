@@ -1,0 +1,154 @@
+"""Rewards by configuration: the ``rewards:`` section of params.yaml.
+
+Each entry names one reward instance; objectives refer to it by that name::
+
+    rewards:
+      cider_d: {kind: cider_d}                      # option: sigma
+      bcmr:    {kind: mix, weights: {bleu4: 0.25, cider_d: 0.25, meteor: 0.25, rouge_l: 0.25}}
+      spider:  {kind: mix, weights: {cider_d: 0.5, spice: 0.5}}
+    spice:
+      corenlp_dir: null    # folder of stanford-corenlp-3.6.0{,-models}.jar (or $CAPRL_CORENLP_DIR)
+
+``kind`` is a reward factory of :mod:`caprl.rewards.registry` (``cider_d``, ``bleu1``..``bleu4``,
+``rouge_l``, ``meteor``, ``spice``) or ``mix`` (a weighted sum of factories; a ``sigma``
+option of a mix goes to its CIDEr-D component). :func:`reward_unavailable_reason` says,
+without starting a JVM, why a configured reward cannot run here (SPICE without the
+CoreNLP jars); :func:`build_configured_reward` builds it on top of
+:func:`caprl.rewards.registry.build_reward`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from caprl.errors import CaprlError
+from caprl.rewards.base import Reward
+from caprl.rewards.document_frequencies import DocumentFrequencies
+from caprl.rewards.registry import FACTORIES, References, build_mix, build_reward
+
+MIX = "mix"
+
+# kind -> option name -> check(value) -> error text or None; a new kind is one entry here
+_Check = Callable[[Any], "str | None"]
+
+
+def _positive_number(value: Any) -> str | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return None if ok else f"must be a positive number, got {value!r}"
+
+
+def _weights(value: Any) -> str | None:
+    if not isinstance(value, Mapping) or not value:
+        return f"must be a non-empty mapping {{component kind: weight}}, got {value!r}"
+    return None
+
+
+OPTIONS: dict[str, dict[str, _Check]] = {
+    **{kind: {} for kind in FACTORIES},
+    "cider_d": {"sigma": _positive_number},
+    MIX: {"weights": _weights, "sigma": _positive_number},
+}
+REQUIRED: dict[str, tuple[str, ...]] = {MIX: ("weights",)}
+
+
+def reward_config(name: str, params: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(kind, options)`` of ``params["rewards"][name]``, validated; errors name the key."""
+    section = params.get("rewards") or {}
+    if not isinstance(section, Mapping):
+        raise CaprlError(f"rewards: must be a mapping of reward name -> {{kind: ..., options}}, got {section!r}")
+    if name not in section:
+        known = ", ".join(sorted(section)) or "none"
+        raise CaprlError(f"rewards.{name}: no such reward in params.yaml (configured: {known})")
+    entry = section[name]
+    if not isinstance(entry, Mapping):
+        raise CaprlError(f"rewards.{name}: must be a mapping {{kind: ..., options}}, got {entry!r}")
+    options = dict(entry)
+    kind = options.pop("kind", None)
+    if kind not in OPTIONS:
+        raise CaprlError(f"rewards.{name}.kind: unknown kind {kind!r}; choose from {', '.join(sorted(OPTIONS))}")
+    for key, value in options.items():
+        if key not in OPTIONS[kind]:
+            allowed = ", ".join(sorted(OPTIONS[kind])) or "none"
+            raise CaprlError(f"rewards.{name}.{key}: unknown option for kind {kind!r} (allowed: {allowed})")
+        problem = OPTIONS[kind][key](value)
+        if problem:
+            raise CaprlError(f"rewards.{name}.{key}: {problem}")
+    for key in REQUIRED.get(kind, ()):
+        if key not in options:
+            raise CaprlError(f"rewards.{name}.{key}: required for kind {kind!r}")
+    if kind == MIX:
+        options["weights"] = _mix_weights(name, options["weights"])
+    return kind, options
+
+
+def _mix_weights(name: str, weights: Mapping[Any, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for component, weight in weights.items():
+        key = f"rewards.{name}.weights.{component}"
+        if component not in FACTORIES:
+            raise CaprlError(f"{key}: unknown component kind; choose from {', '.join(sorted(FACTORIES))}")
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+            raise CaprlError(f"{key}: weight must be a number, got {weight!r}")
+        out[str(component)] = float(weight)
+    return out
+
+
+def component_kinds(name: str, params: Mapping[str, Any]) -> list[str]:
+    """The factory kinds a configured reward uses (its own kind, or a mix's components)."""
+    kind, options = reward_config(name, params)
+    return list(options["weights"]) if kind == MIX else [kind]
+
+
+def corenlp_dir(params: Mapping[str, Any]) -> str | None:
+    """``spice.corenlp_dir`` of params (None if absent: then $CAPRL_CORENLP_DIR is used)."""
+    spice = params.get("spice") or {}
+    if not isinstance(spice, Mapping):
+        raise CaprlError(f"spice: must be a mapping {{corenlp_dir: ...}}, got {spice!r}")
+    value = spice.get("corenlp_dir")
+    if value is not None and not isinstance(value, str):
+        raise CaprlError(f"spice.corenlp_dir: must be a path or null, got {value!r}")
+    return value
+
+
+def reward_unavailable_reason(name: str, params: Mapping[str, Any]) -> str | None:
+    """Why configured reward ``name`` cannot run here, or None. Cheap: checks files only.
+
+    Only SPICE (alone or in a mix) can be unavailable; no JVM is started. A bad
+    configuration raises CaprlError naming the key.
+    """
+    kinds = component_kinds(name, params)
+    if "spice" not in kinds:
+        return None
+    from caprl.metrics.official import spice_unavailable_reason
+
+    reason = spice_unavailable_reason(corenlp_dir(params))
+    if reason is None:
+        return None
+    via = "" if kinds == ["spice"] else " (its component 'spice')"
+    return f"reward '{name}'{via} needs SPICE, which is unavailable: {reason}"
+
+
+def build_configured_reward(
+    name: str,
+    params: Mapping[str, Any],
+    references: References,
+    document_frequencies: DocumentFrequencies | None,
+) -> Reward:
+    """Build the reward ``params["rewards"][name]`` describes (named ``name``).
+
+    Raises CaprlError with the reason when it is unavailable here (see
+    :func:`reward_unavailable_reason`).
+    """
+    kind, options = reward_config(name, params)
+    reason = reward_unavailable_reason(name, params)
+    if reason is not None:
+        raise CaprlError(reason)
+    if "spice" in component_kinds(name, params):
+        options["corenlp_dir"] = corenlp_dir(params)
+    if kind == MIX:
+        weights = options.pop("weights")
+        return build_mix(name, weights, references, document_frequencies, **options)
+    reward = build_reward(kind, references, document_frequencies, **options)
+    reward.name = name
+    return reward

@@ -1,0 +1,90 @@
+"""PG-SPIDEr (Liu et al., ICCV 2017): policy gradient with Monte-Carlo roll-outs, per reward.
+
+For every model with ``pg_spider`` runs on the dataset (models in params order): the
+model's XE run(s), its SCST run(s), then one row per PG-SPIDEr run, named by the run's
+``reward`` option (a key of ``rewards:``: cider_d, bcmr, spider, ...). Columns are
+BLEU-4, METEOR, ROUGE-L, CIDEr-D, SPICE and SPIDEr = (CIDEr-D + SPICE) / 2, computed here
+from the score file; where SPICE was not computed SPIDEr shows as unavailable with SPICE's
+reason, never as a number. A PG-SPIDEr run whose reward cannot run on this machine
+(``caprl.rewards.reward_unavailable_reason``; e.g. SPICE without its CoreNLP jars) was
+never trained: without a score file its row says why it is unavailable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from caprl.errors import CaprlError
+from caprl.params import RunSpec
+from caprl.tables.build import (UNAVAILABLE, Scores, method_label, metric_cells, not_trained_reason, portable,
+                                register_table, run_label, title, unavailable_notes)
+from caprl.tables.render import Cell, Table
+from caprl.tables.runs import select
+
+METHOD = "pg_spider"
+BASELINES = ["xe", "scst"]  # the methods of the rows before a model's PG-SPIDEr rows
+METRICS = [("B@4", "BLEU-4"), ("M", "METEOR"), ("R", "ROUGE-L"), ("C", "CIDEr-D"), ("S", "SPICE")]
+SPIDER = ("SPIDEr", ("CIDEr-D", "SPICE"))  # column, the metrics averaged
+COLUMNS = [short for short, _ in METRICS] + [SPIDER[0]]
+
+
+def spider_cell(scores: dict[str, Any] | None) -> Cell:
+    """SPIDEr in %, or why not: missing run (—), or a component metric not computed."""
+    if scores is None:
+        return Cell(None)
+    values, parts = scores.get("metrics", {}), SPIDER[1]
+    for metric in parts:
+        if metric not in values:
+            reason = scores.get("unavailable", {}).get(metric, "not evaluated (not in evaluate.metrics)")
+            return Cell(None, missing=f"unavailable ({metric}: {portable(reason)})")
+    return Cell(100.0 * sum(values[m] for m in parts) / len(parts))
+
+
+def row_cells(scores: dict[str, Any] | None) -> list[Cell]:
+    return metric_cells(scores, METRICS) + [spider_cell(scores)]
+
+
+def reward_of(view: RunSpec) -> str:
+    reward = view.options.get("reward")
+    if not isinstance(reward, str):
+        raise CaprlError(f"runs.{view.name}.options.reward: a pg_spider run needs a reward name "
+                         f"(a key of rewards:), got {reward!r}")
+    return reward
+
+
+def model_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str,
+               pg_runs: list[RunSpec]) -> list[tuple[str, list[Cell]]]:
+    """The model's XE and SCST rows (one missing row when it has none), then its PG-SPIDEr rows."""
+    rows = []
+    for method in BASELINES:
+        views = select(params, dataset, model=model, method=method)
+        rows += [(run_label(v, method_label(method)), row_cells(scores.get(v.name))) for v in views]
+        if not views:
+            rows.append((f"{model} ({method_label(method)}): no run", row_cells(None)))
+    for view in pg_runs:
+        label = run_label(view, f"{method_label(METHOD)}, {reward_of(view)}")
+        reason = not_trained_reason(params, view, scores)
+        if reason is None:
+            rows.append((label, row_cells(scores.get(view.name))))
+        else:
+            rows.append((f"{label}: {UNAVAILABLE}: {reason}", [Cell(None, missing=UNAVAILABLE) for _ in COLUMNS]))
+    return rows
+
+
+@register_table("pg_spider")
+def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
+    """PG-SPIDEr per reward beside the same model's XE and SCST runs."""
+    table = Table("pg_spider", title(params, dataset, "PG-SPIDEr (Liu et al. 2017) per reward"), list(COLUMNS))
+    pg_runs = select(params, dataset, method=METHOD)
+    order = {model: i for i, model in enumerate(params["models"])}
+    models = sorted(dict.fromkeys(v.model for v in pg_runs), key=lambda m: order.get(m, len(order)))
+    for model in models:
+        table.rows += model_rows(params, dataset, scores, model, [v for v in pg_runs if v.model == model])
+    shown = {v.name for v in pg_runs} | {v.name for model in models for method in BASELINES
+                                          for v in select(params, dataset, model=model, method=method)}
+    table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run. "
+                   "SPIDEr = (CIDEr-D + SPICE) / 2, from the scores; unavailable where SPICE was not computed."]
+    if not pg_runs:
+        table.notes.append(f"No {METHOD} run trains on {dataset}.")
+    table.notes += unavailable_notes({run: s for run, s in scores.items() if run in shown})
+    return table

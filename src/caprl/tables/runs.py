@@ -1,0 +1,35 @@
+"""Which runs a table shows: the captioner runs of params.yaml ``runs:`` that train on a dataset.
+
+Runs are one flat mapping ``run -> {method, model, options, init, datasets}``
+(:func:`caprl.params.run_spec`). A run has scores (and so rows) only if its method's
+objective is a captioner (``caprl.objectives.OBJECTIVES[method].captioner``) and it trains
+on the dataset (its ``datasets`` list; default: every enabled dataset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from caprl.params import RunSpec, run_spec
+
+
+def is_captioner(spec: RunSpec) -> bool:
+    """True if a run of this method yields a caption model (evaluated, so in the tables)."""
+    from caprl.objectives import OBJECTIVES
+
+    return bool(OBJECTIVES.get(spec.method, where=f"runs.{spec.name}.method").captioner)
+
+
+def dataset_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
+    """The captioner runs that train on ``dataset``, in params order."""
+    specs = [run_spec(params, run) for run in params["runs"]]
+    return [s for s in specs if dataset in s.datasets and is_captioner(s)]
+
+
+def select(params: dict[str, Any], dataset: str, *, model: str | None = None,
+           method: str | None = None, arch: str | None = None) -> list[RunSpec]:
+    """The dataset's captioner runs with this model / method / model architecture (params order)."""
+    models = params["models"]
+    return [s for s in dataset_runs(params, dataset)
+            if (model is None or s.model == model) and (method is None or s.method == method)
+            and (arch is None or models[s.model].get("arch") == arch)]

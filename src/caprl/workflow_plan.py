@@ -1,0 +1,262 @@
+"""What the workflow builds, from params.yaml: one plan for the Snakefile and for dvc.yaml.
+
+``workflow/rules/common.smk`` builds a :class:`Plan` from Snakemake's ``config``; ``caprl
+dvc-yaml`` (:mod:`caprl.dvc_gen`) builds the same plan and writes one DVC stage per job.
+The plan holds every path pattern of the DAG (all carry the dataset name), the enabled
+datasets, the training jobs ``(dataset, run)`` with their ``--init ROLE=PATH`` checkpoints,
+the runs that are evaluated (their objective yields a caption model), the attention-figure
+run of each dataset, the table files, and the runs it leaves out because their reward
+cannot run on this machine (:attr:`Plan.skipped`, with the reason; the tables show them).
+Pure Python, no file is read: ``build_plan(params)`` on a validated params dict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from caprl import params as params_mod
+from caprl.errors import CaprlError
+from caprl.params import RunSpec
+
+log = logging.getLogger(__name__)
+
+# -- path patterns; Snakemake fills the {wildcards}, the plan fills them with format() ------
+GENERATED_RAW = "data/raw/{dataset}/dataset_{dataset}.json"   # what `caprl synthesize` writes
+GENERATED_MEDIA = "data/raw/{dataset}/images"
+RAW_LOGS = "logs/{dataset}"
+ANNOTATIONS = "data/{dataset}/annotations.json"
+VOCAB = "data/{dataset}/vocab.json"
+LABELS = "data/{dataset}/labels.h5"
+CIDER_DF = "data/{dataset}/cider_df.json"
+REFS = "data/{dataset}/refs_{split}.json"
+SHARD_DIR = "data/{dataset}/features/{backbone}"
+SHARD = "data/{dataset}/features/{backbone}/shard{shard}.h5"
+FEATURES = "data/{dataset}/features_{backbone}.h5"
+CHECKPOINT = "runs/{dataset}/{run}/best.pt"
+HISTORY = "runs/{dataset}/{run}/history.json"
+STATE_DIR = "runs/{dataset}/{run}/state"
+RESULTS = "results/{dataset}"
+CAPTIONS = "results/{dataset}/{run}/captions.json"
+SCORES = "results/{dataset}/{run}/scores.json"
+EXAMPLES = "results/{dataset}/{run}/examples.json"
+ATTENTION_DIR = "results/figures/{dataset}/attention"
+ATTENTION_PNG = "results/figures/{dataset}/attention/attention_{k}.png"
+TABLES_DIR = "results/tables"
+TABLE = "results/tables/{dataset}_{table}.{ext}"
+TABLE_FORMATS = ("md", "csv", "tex")
+BASELINE_RUN = "most-frequent"
+# Stack-Cap Fig. 3 is drawn from the first (enabled, not skipped) run of this method and arch.
+ATTENTION_METHOD, ATTENTION_ARCH = "c2f", "stackcap"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """An enabled dataset and its files."""
+
+    name: str
+    format: str
+    raw: str
+    media_root: str
+    generate: bool
+    backbone: str
+
+    @property
+    def annotations(self) -> str:
+        return ANNOTATIONS.format(dataset=self.name)
+
+    @property
+    def vocab(self) -> str:
+        return VOCAB.format(dataset=self.name)
+
+    @property
+    def labels(self) -> str:
+        return LABELS.format(dataset=self.name)
+
+    @property
+    def cider_df(self) -> str:
+        return CIDER_DF.format(dataset=self.name)
+
+    @property
+    def features(self) -> str:
+        return FEATURES.format(dataset=self.name, backbone=self.backbone)
+
+    @property
+    def shard_dir(self) -> str:
+        return SHARD_DIR.format(dataset=self.name, backbone=self.backbone)
+
+    def shard(self, shard: int) -> str:
+        return SHARD.format(dataset=self.name, backbone=self.backbone, shard=shard)
+
+    def refs(self, split: str) -> str:
+        return REFS.format(dataset=self.name, split=split)
+
+    def log(self, name: str) -> str:
+        """``logs/<dataset>/<name>``."""
+        return f"{RAW_LOGS.format(dataset=self.name)}/{name}"
+
+    def missing_raw(self) -> str | None:
+        """Why the DAG cannot start for this dataset (its raw file is missing), or None."""
+        if self.generate or os.path.exists(self.raw):
+            return None
+        return (f"datasets.{self.name}.raw: {self.raw} does not exist. Put the dataset's raw file there "
+                f"(Karpathy's split file dataset_coco.json / dataset_flickr30k.json from his caption_datasets "
+                f"release for format karpathy) and its media under {self.media_root}, or set "
+                f"datasets.{self.name}.enabled: false. See README.md, 'Real data'.")
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One training run on one dataset."""
+
+    dataset: str
+    spec: RunSpec
+    captioner: bool
+
+    @property
+    def run(self) -> str:
+        return self.spec.name
+
+    @property
+    def checkpoint(self) -> str:
+        return CHECKPOINT.format(dataset=self.dataset, run=self.run)
+
+    @property
+    def history(self) -> str:
+        return HISTORY.format(dataset=self.dataset, run=self.run)
+
+    @property
+    def state_dir(self) -> str:
+        return STATE_DIR.format(dataset=self.dataset, run=self.run)
+
+    @property
+    def init(self) -> dict[str, str]:
+        """Role -> checkpoint it starts from (``runs/<dataset>/<run>/best.pt``)."""
+        return {role: CHECKPOINT.format(dataset=self.dataset, run=source) for role, source in self.spec.init.items()}
+
+    def init_args(self) -> str:
+        """``--init ROLE=PATH ...`` as the train command takes them ("" for none)."""
+        return " ".join(f"--init {role}={path}" for role, path in self.init.items())
+
+    def result(self, pattern: str) -> str:
+        """One of CAPTIONS, SCORES, EXAMPLES for this run."""
+        return pattern.format(dataset=self.dataset, run=self.run)
+
+
+@dataclass
+class Plan:
+    params: dict[str, Any]
+    datasets: dict[str, Dataset]
+    jobs: dict[tuple[str, str], TrainJob]                       # (dataset, run) -> job
+    skipped: dict[tuple[str, str], str] = field(default_factory=dict)  # (dataset, run) -> reason
+
+    def job(self, dataset: str, run: str) -> TrainJob:
+        if (dataset, run) not in self.jobs:
+            why = self.skipped.get((dataset, run), "not a run of this dataset")
+            raise CaprlError(f"runs.{run}: no training job on dataset {dataset} ({why})")
+        return self.jobs[(dataset, run)]
+
+    def trained(self, dataset: str) -> list[TrainJob]:
+        return [job for (ds, _), job in self.jobs.items() if ds == dataset]
+
+    def evaluated(self, dataset: str) -> list[TrainJob]:
+        """The jobs whose objective yields a caption model: evaluated, shown in the tables."""
+        return [job for job in self.trained(dataset) if job.captioner]
+
+    def skipped_runs(self, dataset: str) -> dict[str, str]:
+        """Run -> why it is not run on ``dataset`` on this machine."""
+        return {run: reason for (ds, run), reason in self.skipped.items() if ds == dataset}
+
+    def attention_job(self, dataset: str) -> TrainJob | None:
+        models = self.params["models"]
+        return next((job for job in self.trained(dataset) if job.spec.method == ATTENTION_METHOD
+                     and models[job.spec.model]["arch"] == ATTENTION_ARCH), None)
+
+    def attention_pngs(self, dataset: str) -> list[str]:
+        if self.attention_job(dataset) is None:
+            return []
+        return [ATTENTION_PNG.format(dataset=dataset, k=k) for k in range(self.params["figures"]["attention_images"])]
+
+    def scores(self, dataset: str) -> list[str]:
+        """Every score file the tables of ``dataset`` read (evaluated runs, then the baseline)."""
+        runs = [job.run for job in self.evaluated(dataset)] + [BASELINE_RUN]
+        return [SCORES.format(dataset=dataset, run=run) for run in runs]
+
+    def table_files(self, dataset: str | None = None) -> list[str]:
+        names = [dataset] if dataset else list(self.datasets)
+        return [TABLE.format(dataset=ds, table=table, ext=ext)
+                for ds in names for table in self.params["tables"] for ext in TABLE_FORMATS]
+
+    def missing_raw(self) -> list[str]:
+        return [why for ds in self.datasets.values() if (why := ds.missing_raw())]
+
+
+def build_plan(params: dict[str, Any]) -> Plan:
+    """The plan of a validated params dict; CaprlError naming the key for a bad reference."""
+    from caprl.data.readers import build_reader
+
+    params_mod.check(params)
+    datasets = {}
+    for name in params_mod.enabled_datasets(params):
+        spec = params_mod.dataset_spec(params, name)
+        build_reader(spec["format"], name)  # a format whose reader has not landed is an error now
+        _check_generated(spec)
+        datasets[name] = Dataset(name, spec["format"], spec["raw"], spec["media_root"], spec["generate"],
+                                 spec["backbone"])
+    specs = {run: params_mod.run_spec(params, run) for run in params["runs"]}
+    reasons: dict[str, str | None] = {}
+    plan = Plan(params, datasets, {})
+    for run, spec in specs.items():
+        reason = _skip_reason(params, specs, run, reasons)
+        for dataset in spec.datasets:
+            if reason is None:
+                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, _captioner(run, spec.method))
+            else:
+                plan.skipped[(dataset, run)] = reason
+    return plan
+
+
+def _check_generated(spec: dict[str, Any]) -> None:
+    """A generated dataset lives where the synthesize rule writes it (one rule for every dataset)."""
+    if not spec["generate"]:
+        return
+    name = spec["name"]
+    for key, pattern in (("raw", GENERATED_RAW), ("media_root", GENERATED_MEDIA)):
+        if spec[key] != pattern.format(dataset=name):
+            raise CaprlError(f"datasets.{name}.{key}: a generated dataset (generate: true) is written to "
+                             f"{pattern.format(dataset=name)}; set {key} to that")
+
+
+def skipped_runs(params: dict[str, Any], dataset: str) -> dict[str, str]:
+    """Run -> why the workflow does not run it on ``dataset`` here (for the tables)."""
+    return build_plan(params).skipped_runs(dataset)
+
+
+def log_skipped(plan: Plan) -> None:
+    for (dataset, run), reason in plan.skipped.items():
+        log.warning("run %s on dataset %s is skipped: %s", run, dataset, reason)
+
+
+def _skip_reason(params: dict[str, Any], specs: dict[str, RunSpec], run: str,
+                 memo: dict[str, str | None]) -> str | None:
+    """Why ``run`` cannot run on this machine: its reward is unavailable, or a run it starts from is skipped."""
+    if run in memo:
+        return memo[run]
+    from caprl.rewards import reward_unavailable_reason
+
+    spec = specs[run]
+    reward = spec.options.get("reward")
+    reason = reward_unavailable_reason(reward, params) if reward is not None else None
+    for source in spec.init.values():
+        if reason is None and _skip_reason(params, specs, source, memo) is not None:
+            reason = f"starts from run {source}, which is skipped"
+    memo[run] = reason
+    return reason
+
+
+def _captioner(run: str, method: str) -> bool:
+    from caprl.objectives import OBJECTIVES
+
+    return bool(OBJECTIVES.get(method, where=f"runs.{run}.method").captioner)

@@ -1,0 +1,75 @@
+"""Datasets are a dimension of the DAG: two generated datasets through Snakemake and DVC.
+
+A tiny configuration with two synthetic datasets (``synthetic`` and ``shapes_b``, the second
+with one object per image and fewer images), ``fc-xe`` on both and ``fc-scst`` on
+``shapes_b`` only, and the main table. Real Snakemake, then DVC with the dvc.yaml that
+``caprl dvc-yaml`` writes for that configuration, in two fresh copies: same metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import two_dataset_params
+from test_e2e import fresh_copy, run
+
+pytestmark = pytest.mark.e2e
+
+DATASETS = ("synthetic", "shapes_b")
+TRAINED = {"synthetic": ["fc-xe"], "shapes_b": ["fc-xe", "fc-scst"]}
+
+
+def params() -> dict:
+    p = two_dataset_params()
+    p["runs"] = {"fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 2}},
+                 "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "datasets": ["shapes_b"]}}
+    p["tables"] = ["main"]
+    return p
+
+
+def scores(work: Path) -> dict[tuple[str, str], dict[str, float]]:
+    return {(ds, r): json.loads((work / "results" / ds / r / "scores.json").read_text())["metrics"]
+            for ds in DATASETS for r in TRAINED[ds] + ["most-frequent"]}
+
+
+@pytest.fixture(scope="module")
+def snakemake_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = fresh_copy(tmp_path_factory.mktemp("datasets") / "snakemake", params())
+    run(["snakemake", "--cores", "2", "all_tables"], work)
+    return work
+
+
+def test_every_path_carries_the_dataset_and_runs_follow_their_datasets(snakemake_work: Path) -> None:
+    raw = {ds: json.loads((snakemake_work / "data" / "raw" / ds / f"dataset_{ds}.json").read_text())
+           for ds in DATASETS}
+    assert [len(raw[ds]["images"]) for ds in DATASETS] == [80 + 16 + 16, 60 + 16 + 16]
+    assert raw["synthetic"]["dataset"] == "synthetic" and raw["shapes_b"]["dataset"] == "shapes_b"
+    first = {ds: [im["sentences"][0]["raw"] for im in raw[ds]["images"][80 if ds == "synthetic" else 60:]]
+             for ds in DATASETS}
+    assert first["synthetic"] != first["shapes_b"]  # the same sizes for val/test, other images
+    for ds in DATASETS:
+        annotations = json.loads((snakemake_work / "data" / ds / "annotations.json").read_text())
+        assert annotations["dataset"] == ds
+        assert (snakemake_work / "data" / ds / "features_patches.h5").exists()
+        assert sorted(p.name for p in (snakemake_work / "runs" / ds).iterdir()) == sorted(TRAINED[ds])
+        for r in TRAINED[ds]:
+            report = json.loads((snakemake_work / "results" / ds / r / "scores.json").read_text())
+            assert report["dataset"] == ds and report["run"] == r
+        for ext in ("md", "csv", "tex"):
+            assert (snakemake_work / "results" / "tables" / f"{ds}_main.{ext}").stat().st_size > 0
+        assert (snakemake_work / "logs" / ds / "prepare.log").exists()
+    assert not (snakemake_work / "results" / "synthetic" / "fc-scst").exists()
+
+
+def test_dvc_repro_of_the_generated_dvc_yaml_gives_the_same_metrics(snakemake_work: Path, tmp_path: Path) -> None:
+    work = fresh_copy(tmp_path / "dvc", yaml.safe_load((snakemake_work / "params.yaml").read_text()))
+    run(["caprl", "dvc-yaml"], work)
+    stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
+    assert {"synthetic-train-fc-xe", "shapes_b-train-fc-xe", "shapes_b-train-fc-scst"} <= set(stages)
+    assert "synthetic-train-fc-scst" not in stages
+    run(["dvc", "repro", "--quiet"], work)
+    assert scores(work) == scores(snakemake_work)

@@ -1,0 +1,111 @@
+"""On CUDA: one training step and one resume of every objective, and one evaluation.
+
+Skipped where CUDA is absent. Each objective trains one short epoch on the tiny synthetic
+dataset on the GPU, is stopped by a real SIGTERM after its first step, resumes, and must end
+bit-identical to an uninterrupted run (CUDA RNG included); evaluation beam-searches on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import TINY, default_params, merge
+from pipeline_data import build_dataset
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+DATASET = "synthetic"
+RUNS = {
+    "fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 1}},
+    "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 1, "n_samples": 2}},
+    "fc-pg_spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
+                     "options": {"epochs": 1, "rollouts": 2}},
+    "stackcap-xe": {"method": "xe", "model": "stackcap", "options": {"epochs": 1}},
+    "stackcap-c2f": {"method": "c2f", "model": "stackcap", "init": {"model": "stackcap-xe"},
+                     "options": {"epochs": 1, "n_samples": 2}},
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_data(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("gpu")
+    params = {**merge(default_params(), TINY), "runs": RUNS}
+    params["synthetic"]["n_train"] = 40
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    return build_dataset(root / "work", params, env=env), env
+
+
+def _train(params: dict[str, Any], data: Any, run: str, state: Path, inits: dict[str, str],
+           stop_after: int | None = None) -> Path:
+    from caprl.data.loader import CaptionData, DataPaths
+    from caprl.training import run as run_mod
+    from caprl.training.distributed import Dist
+    from caprl.training.loop import Preempted, Trainer
+
+    loaded = CaptionData(DataPaths(str(data.annotations), str(data.vocab), str(data.labels), str(data.features)))
+    dist = Dist(device=torch.device("cuda"))
+    if stop_after is None:
+        return run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)[0]
+    real_step, calls = Trainer._step, 0
+
+    def step_then_sigterm(self: Trainer, image_ids: list[int]) -> dict[str, float]:
+        nonlocal calls
+        metrics = real_step(self, image_ids)
+        calls += 1
+        if calls == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    Trainer._step = step_then_sigterm  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Preempted):
+            run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)
+    finally:
+        Trainer._step = real_step  # type: ignore[method-assign]
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)[0]
+
+
+def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: Any, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from caprl import checkpoint, params as params_mod
+
+    data, env = gpu_data
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    monkeypatch.chdir(data.workdir)
+    params = params_mod.load(data.params)
+    best: dict[str, Path] = {}
+    for run, spec in RUNS.items():
+        inits = {role: str(best[source]) for role, source in spec.get("init", {}).items()}
+        best[run] = _train(params, data, run, tmp_path / run / "ref", inits)
+        resumed = _train(params, data, run, tmp_path / run / "resumed", inits, stop_after=1)
+        a, b = checkpoint.load(best[run]), checkpoint.load(resumed)
+        assert set(a.modules) == set(b.modules)
+        for name in a.modules:
+            for key, tensor in a.modules[name].state.items():
+                assert torch.equal(tensor, b.modules[name].state[key]), f"{run}: {name}.{key} differs after resume"
+        last = checkpoint.load(tmp_path / run / "resumed" / "last.pt")
+        assert last.rng is not None and "cuda" in last.rng
+
+
+def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
+    from caprl.data.loader import CaptionData, DataPaths
+    from caprl.evaluation.run import beam_captions
+    from caprl.models import build_model
+
+    data, _ = gpu_data
+    loaded = CaptionData(DataPaths(str(data.annotations), str(data.vocab), str(data.labels), str(data.features)))
+    model = build_model("topdown", {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8, "dropout": 0.0},
+                        len(loaded.vocab), loaded.feat_dim, loaded.n_regions).cuda()
+    ids = loaded.split_ids("test")
+    captions = beam_captions(model, loaded, ids, beam_size=3, max_length=8, batch_size=7)
+    assert sorted(captions) == sorted(ids)
+    assert next(model.parameters()).is_cuda

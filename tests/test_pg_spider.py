@@ -1,0 +1,147 @@
+"""PG-SPIDEr: Q by hand with a stub reward, roll-outs continue their prefix, the baseline learns only from its MSE."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from caprl import decoding
+from caprl.models import build_model
+from caprl.objectives import Batch, ObjectiveEnv, build_objective
+from caprl.objectives.pg_spider import monte_carlo_q
+
+WORDS = ["<eos>", "a", "red", "circle", "blue", "square"]
+OPTIONS = {"lr": 1e-3, "epochs": 1, "rollouts": 3, "reward": "count_red", "baseline_lr": 1e-2, "baseline_hidden": 8}
+
+
+def decode(tokens: torch.Tensor) -> list[list[str]]:
+    out = []
+    for row in tokens.tolist():
+        words = []
+        for t in row:
+            if t == 0:
+                break
+            words.append(WORDS[t])
+        out.append(words)
+    return out
+
+
+def count_red(image_ids, captions) -> np.ndarray:
+    return np.array([c.count("red") for c in captions], dtype=np.float64)
+
+
+def setup(arch: str = "fc", n_images: int = 3):
+    torch.manual_seed(0)
+    sizes = {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}
+    if arch != "fc":
+        sizes["att_hidden_size"] = 8
+    model = build_model(arch, sizes, len(WORDS), 5, 4)
+    gen = torch.Generator().manual_seed(0)
+    batch = Batch(image_ids=list(range(n_images)), pooled=torch.randn(n_images, 5, generator=gen),
+                  regions=torch.randn(n_images, 4, 5, generator=gen), labels=torch.tensor([[1, 2, 3, 0]] * n_images),
+                  label_image=torch.arange(n_images))
+    env = ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6)
+    return model, batch, env
+
+
+def test_q_on_a_hand_worked_example() -> None:
+    """Image 0 said "a red": at step 1 the roll-outs say red 1, 0, 2 times -> Q = 1."""
+    completions = [
+        [  # image 0, prefix "a" then "a red"; step 2 is the end token (all three the same caption)
+            [["a", "red"], ["a", "blue"], ["a", "red", "red"]],
+            [["a", "red"], ["a", "red", "red"], ["a", "red", "square"]],
+            [["a", "red"]] * 3,
+        ],
+        [  # image 1: a one-word caption; steps 1, 2 are past its end (masked, never scored)
+            [["red"]] * 3,
+            [["never", "scored"]] * 3,
+            [["never", "scored"]] * 3,
+        ],
+    ]
+    calls: list[int] = []
+
+    def reward(ids, caps):
+        calls.append(len(caps))
+        return count_red(ids, caps)
+
+    mask = np.array([[1, 1, 1], [1, 0, 0]], dtype=bool)
+    q = monte_carlo_q(reward, [10, 11], completions, mask)
+    np.testing.assert_allclose(q, [[1.0, (1 + 2 + 1) / 3, 1.0], [1.0, 0.0, 0.0]])
+    assert calls == [5]  # 4 + 1 unique (image, caption) pairs only: one reward call for the batch
+
+
+def test_rollouts_continue_exactly_their_prefix() -> None:
+    """Each completion starts with the sampled prefix, and a greedy continuation from the
+    state after t words equals the greedy choice given that prefix by teacher forcing."""
+    model, batch, _ = setup("topdown")
+    model.eval()
+    with torch.no_grad():
+        ctx = model.encode(batch.pooled, batch.regions)
+        samples = decoding.rollout(model, decoding.start(model, ctx), 6, keep_states=True)
+        completed = decoding.rollouts_from_prefixes(model, samples, 2, 6)
+        steps = len(samples.after)
+        assert completed.shape == (3, steps, 2, 1, 6)
+        for t in range(steps):
+            assert torch.equal(completed[:, t, :, 0, : t + 1], samples.tokens[:, None, 0, : t + 1].expand(-1, 2, -1))
+        t = 1
+        cont = decoding.rollout(model, samples.after[t], 6 - t - 1, greedy=True).tokens[:, 0]
+        full = torch.cat([samples.tokens[:, 0, : t + 1], cont], dim=1)
+        logprobs = model.teacher_forcing(ctx, full)[:, 0]  # position p predicts full[:, p]
+        for i in range(3):
+            if samples.tokens[i, 0, t] == 0:
+                continue  # the prefix already ended: nothing to continue
+            for p in range(t + 1, 6):
+                if full[i, p - 1] == 0:
+                    break
+                assert full[i, p] == logprobs[i, p].argmax(), (i, p)
+
+
+def test_baseline_gets_gradients_only_from_its_mse() -> None:
+    model, batch, env = setup()
+    objective = build_objective("pg_spider", OPTIONS, env, model)
+    torch.manual_seed(3)
+    loss, metrics = objective.loss(model, batch)
+    loss.backward()
+    baseline_grads = [p.grad.clone() for p in objective.baseline.parameters()]
+    assert all(g is not None for g in baseline_grads) and any(g.abs().sum() > 0 for g in baseline_grads)
+    assert "baseline_mse" in metrics and metrics["baseline_mse"] >= 0
+
+    # recompute the baseline loss alone: the same gradients reach the baseline
+    model.zero_grad()
+    objective.zero_grad()
+    torch.manual_seed(3)
+    ctx = model.encode(batch.pooled, batch.regions)
+    samples = decoding.rollout(model, decoding.start(model, ctx), 6, keep_hidden=True, keep_states=True)
+    q = objective.q_values(model, samples, batch)
+    steps = len(samples.after)
+    b = objective.baseline(samples.hidden[:, -1].detach()).squeeze(-1)
+    objective.mean((q - b) ** 2, samples.mask[:, -1, :steps]).backward()
+    for expected, got in zip(baseline_grads, [p.grad for p in objective.baseline.parameters()]):
+        torch.testing.assert_close(got, expected)
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.parameters()), "the MSE reached the RNN"
+
+
+def test_pg_spider_raises_the_reward() -> None:
+    model, batch, env = setup()
+    objective = build_objective("pg_spider", {**OPTIONS, "lr": 1e-2}, env, model)
+    optimizer = torch.optim.Adam([{k: v for k, v in g.items() if k != "name"} for g in objective.param_groups(model)])
+    torch.manual_seed(0)
+    rewards = []
+    for _ in range(40):
+        loss, metrics = objective.loss(model, batch)
+        rewards.append(metrics["reward_sample"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.5
+
+
+def test_pg_spider_options_are_typed() -> None:
+    from caprl.errors import CaprlError
+
+    model, _, env = setup()
+    with pytest.raises(CaprlError, match=r"runs.x.options.rollouts: expected int"):
+        build_objective("pg_spider", {**OPTIONS, "rollouts": "three"}, env, model, where="runs.x")
+    with pytest.raises(CaprlError, match="unknown option.*beta"):
+        build_objective("pg_spider", {**OPTIONS, "beta": 1}, env, model, where="runs.x")

@@ -1,0 +1,84 @@
+"""caprl.workflow_plan: the jobs both the Snakefile and dvc.yaml are made of (no tool run here)."""
+
+from __future__ import annotations
+
+import pytest
+
+import caprl.rewards
+from caprl import workflow_plan as wp
+from caprl.dvc_gen import dvc_stages
+from caprl.errors import CaprlError
+from conftest import default_params, generated_dataset, two_dataset_params
+
+
+def test_default_plan_trains_every_run_with_an_available_reward() -> None:
+    params = default_params()
+    plan = wp.build_plan(params)
+    assert list(plan.datasets) == ["synthetic"]
+    trained = [job.run for job in plan.trained("synthetic")]
+    assert set(trained) | {run for _, run in plan.skipped} == set(params["runs"])
+    job = plan.job("synthetic", "fc-pg_spider-bcmr")
+    assert job.init == {"model": "runs/synthetic/fc-xe/best.pt"}
+    assert job.init_args() == "--init model=runs/synthetic/fc-xe/best.pt"
+    assert job.spec.options["reward"] == "bcmr" and job.spec.options["rollouts"] == 3
+    assert plan.attention_job("synthetic").run == "stackcap-c2f"
+    assert len(plan.table_files()) == 3 * len(params["tables"])
+    assert plan.scores("synthetic")[-1] == "results/synthetic/most-frequent/scores.json"
+
+
+def test_a_run_whose_reward_is_unavailable_is_skipped_with_its_dependents(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable(name: str, params: dict) -> str | None:
+        return "no METEOR here" if name == "bcmr" else None
+
+    monkeypatch.setattr(caprl.rewards, "reward_unavailable_reason", unavailable)
+    params = default_params()
+    params["runs"]["fc-after-bcmr"] = {"method": "scst", "model": "fc", "init": {"model": "fc-pg_spider-bcmr"}}
+    plan = wp.build_plan(params)
+    assert plan.skipped_runs("synthetic") == {
+        "fc-pg_spider-bcmr": "no METEOR here",
+        "fc-after-bcmr": "starts from run fc-pg_spider-bcmr, which is skipped",
+    }
+    assert wp.skipped_runs(params, "synthetic") == plan.skipped_runs("synthetic")
+    with pytest.raises(CaprlError, match="no METEOR here"):
+        plan.job("synthetic", "fc-pg_spider-bcmr")
+    stages = dvc_stages(plan)
+    assert "synthetic-train-fc-pg_spider-bcmr" not in stages and "synthetic-train-fc-pg_spider-cider_d" in stages
+
+
+def test_only_captioner_runs_are_evaluated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wp, "_captioner", lambda run, method: method != "c2f")
+    plan = wp.build_plan(default_params())
+    evaluated = {job.run for job in plan.evaluated("synthetic")}
+    assert "stackcap-c2f" not in evaluated and "stackcap-xe" in evaluated
+    assert "results/synthetic/stackcap-c2f/scores.json" not in plan.scores("synthetic")
+    assert "synthetic-evaluate-stackcap-c2f" not in dvc_stages(plan)
+    assert "synthetic-train-stackcap-c2f" in dvc_stages(plan)
+
+
+def test_runs_follow_their_datasets() -> None:
+    params = two_dataset_params()
+    params["runs"]["fc-scst"]["datasets"] = ["shapes_b"]
+    plan = wp.build_plan(params)
+    assert list(plan.datasets) == ["synthetic", "shapes_b"]
+    assert ("shapes_b", "fc-scst") in plan.jobs and ("synthetic", "fc-scst") not in plan.jobs
+    assert plan.job("shapes_b", "fc-scst").init == {"model": "runs/shapes_b/fc-xe/best.pt"}
+    assert plan.datasets["shapes_b"].features == "data/shapes_b/features_patches.h5"
+    assert {f.split("/")[-1].split("_main")[0] for f in plan.table_files() if "_main." in f} == {"synthetic",
+                                                                                                  "shapes_b"}
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda p: p["datasets"].__setitem__("b", {**generated_dataset("b"), "raw": "raw/b.json"}),
+         r"datasets\.b\.raw: a generated dataset .* data/raw/b/dataset_b\.json"),
+        (lambda p: p["datasets"]["tgif"].__setitem__("enabled", True),
+         r"datasets\.tgif\.format: tgif: TGIF reader lands with issue 10 \(SLE \+ video\)"),
+        (lambda p: p["runs"]["fc-scst"].__setitem__("init", {"model": "gone"}), r"runs\.fc-scst\.init\.model"),
+    ],
+)
+def test_bad_plans_name_the_key(edit, expected: str) -> None:
+    params = default_params()
+    edit(params)
+    with pytest.raises(CaprlError, match=expected):
+        wp.build_plan(params)
