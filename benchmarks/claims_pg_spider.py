@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ["Bleu_4", "METEOR", "ROUGE_L", "CIDEr"]
+METRICS = ["BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D"]
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def run_seed(params: dict[str, Any], seed: int, workdir: Path, cores: int) -> di
     env = {**os.environ, "CAPRL_PARAMS_SCHEMA": str(REPO / "workflow/schemas/params.schema.yaml"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}"}
     subprocess.run(["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", str(cores),
-                    "--quiet", "rules", *targets], check=True, env=env, cwd=workdir)
+                    *targets], check=True, env=env, cwd=workdir)
     return {f"{ds}/{run}": json.loads((workdir / f"results/{ds}/{run}/scores.json").read_text())
             for ds in datasets for run in params["runs"]}
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
@@ -72,3 +73,32 @@ def write_params(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
         return path
 
     return write
+
+
+@contextlib.contextmanager
+def sigterm_after_step(n: int) -> Iterator[None]:
+    """Make the trainer send this process a real SIGTERM right after its ``n``-th step (its own
+    handler saves the state and stops the run); restores the step and the signal handlers."""
+    import signal
+
+    from caprl.training.loop import Trainer
+
+    real_step, calls = Trainer._step, 0
+
+    def step_then_sigterm(self: Trainer, image_ids: list[int]) -> dict[str, float]:
+        nonlocal calls
+        metrics = real_step(self, image_ids)
+        calls += 1
+        if calls == n:
+            assert callable(signal.getsignal(signal.SIGTERM)), "fit() installed no SIGTERM handler"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    Trainer._step = step_then_sigterm  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trainer._step = real_step  # type: ignore[method-assign]
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -78,7 +78,7 @@ def test_two_datasets_and_run_subsets_give_the_same_commands(tmp_path: Path) -> 
     smk, dvc = snakemake_commands(work), dvc_commands(work)
     assert smk == dvc, f"only in Snakemake: {sorted(smk - dvc)}\nonly in DVC: {sorted(dvc - smk)}"
     for ds in ("synthetic", "shapes_b"):
-        assert any(c.startswith(f"caprl tables ") and f"--dataset {ds} " in c for c in smk), ds
+        assert any(c.startswith("caprl tables ") and f"--dataset {ds} " in c for c in smk), ds
         assert any(f"--out-json data/raw/{ds}/dataset_{ds}.json" in c for c in smk), ds
     trained = {(c.split("--dataset ")[1].split()[0], c.split("--run ")[1].split()[0])
                for c in smk if c.startswith("caprl train ")}

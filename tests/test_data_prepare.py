@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from caprl.data import prepare, synthetic
+from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,25 +156,25 @@ def test_load_annotations_validates(tmp_path: Path) -> None:
     out = annotate(coco_like())
     good = tmp_path / "ann.json"
     good.write_text(json.dumps(out))
-    assert prepare.load_annotations(good) == out
+    assert load_annotations(good) == out
     bad = json.loads(json.dumps(out))
     del bad["images"][1]["file"]
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CaprlError, match=r"bad\.json: images\[1\] has no key 'file'"):
-        prepare.load_annotations(tmp_path / "bad.json")
+        load_annotations(tmp_path / "bad.json")
     bad = json.loads(json.dumps(out))
     bad["images"][0]["captions"].append([])
     bad["images"][0]["raw"].append("")
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CaprlError, match=r"images\[0\]\.captions must be"):
-        prepare.load_annotations(tmp_path / "bad.json")
+        load_annotations(tmp_path / "bad.json")
     bad = json.loads(json.dumps(out))
     bad["images"][2]["id"] = bad["images"][0]["id"]
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CaprlError, match=r"images\[2\] repeats id 184613 of images\[0\]"):
-        prepare.load_annotations(tmp_path / "bad.json")
+        load_annotations(tmp_path / "bad.json")
     with pytest.raises(CaprlError, match="caprl prepare"):
-        prepare.load_annotations(tmp_path / "missing.json")
+        load_annotations(tmp_path / "missing.json")
 
 
 def test_nothing_left_is_an_error() -> None:

@@ -18,7 +18,8 @@ from PIL import Image
 from caprl.errors import CaprlError
 from caprl.features import Features
 from caprl.features.backbones import BACKBONES, PatchesBackbone, build_backbone
-from caprl.features.extract import extract_features, load_annotations, shard_count, shard_images
+from caprl.data.annotations import load_annotations
+from caprl.features.extract import extract_features, shard_count, shard_images
 from caprl.features.merge import merge_shards, shards_in
 from caprl.features.store import write_features
 

@@ -8,17 +8,19 @@ bit-identical to an uninterrupted run (CUDA RNG included); evaluation beam-searc
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from conftest import TINY, default_params, merge
+from conftest import TINY, default_params, merge, sigterm_after_step
 from pipeline_data import build_dataset
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# CAPRL_GPU_TEST_DEVICE=cpu runs the same checks on the CPU (to check the tests themselves here)
+DEVICE = os.environ.get("CAPRL_GPU_TEST_DEVICE", "cuda")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs CUDA")]
 
 DATASET = "synthetic"
 RUNS = {
@@ -46,31 +48,14 @@ def _train(params: dict[str, Any], data: Any, run: str, state: Path, inits: dict
     from caprl.data.loader import CaptionData, DataPaths
     from caprl.training import run as run_mod
     from caprl.training.distributed import Dist
-    from caprl.training.loop import Preempted, Trainer
+    from caprl.training.loop import Preempted
 
     loaded = CaptionData(DataPaths(str(data.annotations), str(data.vocab), str(data.labels), str(data.features)))
-    dist = Dist(device=torch.device("cuda"))
+    dist = Dist(device=torch.device(DEVICE))
     if stop_after is None:
         return run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)[0]
-    real_step, calls = Trainer._step, 0
-
-    def step_then_sigterm(self: Trainer, image_ids: list[int]) -> dict[str, float]:
-        nonlocal calls
-        metrics = real_step(self, image_ids)
-        calls += 1
-        if calls == stop_after:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return metrics
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    Trainer._step = step_then_sigterm  # type: ignore[method-assign]
-    try:
-        with pytest.raises(Preempted):
-            run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)
-    finally:
-        Trainer._step = real_step  # type: ignore[method-assign]
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    with sigterm_after_step(stop_after), pytest.raises(Preempted):
+        run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)
     return run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)[0]
 
 
@@ -93,7 +78,7 @@ def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: An
             for key, tensor in a.modules[name].state.items():
                 assert torch.equal(tensor, b.modules[name].state[key]), f"{run}: {name}.{key} differs after resume"
         last = checkpoint.load(tmp_path / run / "resumed" / "last.pt")
-        assert last.rng is not None and "cuda" in last.rng
+        assert last.rng is not None and ("cuda" in last.rng) == (DEVICE == "cuda")
 
 
 def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
@@ -104,8 +89,8 @@ def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
     data, _ = gpu_data
     loaded = CaptionData(DataPaths(str(data.annotations), str(data.vocab), str(data.labels), str(data.features)))
     model = build_model("topdown", {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8, "dropout": 0.0},
-                        len(loaded.vocab), loaded.feat_dim, loaded.n_regions).cuda()
+                        len(loaded.vocab), loaded.feat_dim, loaded.n_regions).to(DEVICE)
     ids = loaded.split_ids("test")
     captions = beam_captions(model, loaded, ids, beam_size=3, max_length=8, batch_size=7)
     assert sorted(captions) == sorted(ids)
-    assert next(model.parameters()).is_cuda
+    assert next(model.parameters()).device.type == DEVICE

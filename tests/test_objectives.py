@@ -9,25 +9,7 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.xe import gold_targets, token_mask
-
-WORDS = ["<eos>", "a", "red", "circle", "blue", "square"]
-
-
-def decode(tokens: torch.Tensor) -> list[list[str]]:
-    out = []
-    for row in tokens.tolist():
-        words = []
-        for t in row:
-            if t == 0:
-                break
-            words.append(WORDS[t])
-        out.append(words)
-    return out
-
-
-def count_red(image_ids, captions) -> np.ndarray:
-    """A hand-made reward: how many times 'red' was said (easy to check by hand)."""
-    return np.array([c.count("red") for c in captions], dtype=np.float64)
+from toy import WORDS, count_red, decode
 
 
 def setup(n_images: int = 4):

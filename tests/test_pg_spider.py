@@ -10,25 +10,9 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.pg_spider import monte_carlo_q
+from toy import WORDS, count_red, decode
 
-WORDS = ["<eos>", "a", "red", "circle", "blue", "square"]
 OPTIONS = {"lr": 1e-3, "epochs": 1, "rollouts": 3, "reward": "count_red", "baseline_lr": 1e-2, "baseline_hidden": 8}
-
-
-def decode(tokens: torch.Tensor) -> list[list[str]]:
-    out = []
-    for row in tokens.tolist():
-        words = []
-        for t in row:
-            if t == 0:
-                break
-            words.append(WORDS[t])
-        out.append(words)
-    return out
-
-
-def count_red(image_ids, captions) -> np.ndarray:
-    return np.array([c.count("red") for c in captions], dtype=np.float64)
 
 
 def setup(arch: str = "fc", n_images: int = 3):

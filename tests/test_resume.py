@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 import pytest
 import torch
 
-from conftest import TINY, default_params, merge
+from conftest import TINY, default_params, merge, sigterm_after_step
 from pipeline_data import DatasetPaths, build_dataset, caprl_command
 
 RESUME = {
@@ -491,37 +491,21 @@ def test_resumed_epoch_train_loss_counts_every_batch_of_the_epoch(setup: Setup, 
     from caprl import params as params_mod
     from caprl.training import run as run_mod
     from caprl.data.loader import CaptionData, DataPaths
-    from caprl.training.loop import Preempted, Trainer
+    from caprl.training.loop import Preempted
 
     d = setup.data
     monkeypatch.setenv("MLFLOW_TRACKING_URI", setup.tracking_uri)
     monkeypatch.chdir(d.workdir)  # where the Tracker keeps its lock file
     params = params_mod.load(d.params)
     data = CaptionData(DataPaths(str(d.annotations), str(d.vocab), str(d.labels), str(d.features)))
-    real_step, calls = Trainer._step, 0
-
-    def step_then_sigterm(self: Trainer, image_ids: list[int]) -> dict[str, float]:
-        nonlocal calls
-        metrics = real_step(self, image_ids)
-        calls += 1
-        if calls == stop_after:
-            assert callable(signal.getsignal(signal.SIGTERM)), "fit() installed no SIGTERM handler"
-            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's own handler catches it
-        return metrics
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
-        monkeypatch.setattr(Trainer, "_step", step_then_sigterm)
-        with pytest.raises(Preempted) as stopped:
+        with sigterm_after_step(stop_after), pytest.raises(Preempted) as stopped:
             run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
         assert stopped.value.code == 128 + signal.SIGTERM
         assert position(tmp_path / "state" / "last.pt") == Pos(0, stop_after, stop_after)
-        monkeypatch.setattr(Trainer, "_step", real_step)
         _, history = run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
     reference = json.loads(setup.reference["fc-xe"].history.read_text())["epochs"]

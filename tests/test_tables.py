@@ -38,7 +38,7 @@ def objectives(monkeypatch: pytest.MonkeyPatch) -> None:
 def table_params() -> dict[str, Any]:
     return {
         "datasets": {"synthetic": {"enabled": True}, "coco": {"enabled": True}, "flickr30k": {"enabled": False}},
-        "evaluate": {"split": "test"}, "decode": {"beam_size": 5},
+        "evaluate": {"split": "test"}, "decode": {"method": "beam", "beam_size": 5},
         "models": {"fc": {"arch": "fc"}, "td": {"arch": "topdown"}, "sc": {"arch": "stackcap"}},
         "objectives": {"xe": {"lr": 1e-3, "epochs": 15}, "scst": {"reward": "cider_d"}, "c2f": {"reward": "cider_d"},
                        "pg_spider": {"rollouts": 3, "reward": "cider_d"}, "listener_pretrain": {}},
@@ -147,23 +147,24 @@ def test_pg_spider_rows_per_model_and_reward(results: Path, tmp_path: Path, no_s
     labels = [label for label, _ in table.rows]
     assert labels[:4] == ["fc (XE) [fc-xe]", "fc (SCST) [fc-scst]", "fc (PG-SPIDEr, cider_d) [fc-pg-cider]",
                           "fc (PG-SPIDEr, bcmr) [fc-pg-bcmr]"]
-    assert labels[4] == "fc (PG-SPIDEr, spider) [fc-pg-spider]: unavailable: SPICE jars not found in …/" + \
-        f"{tmp_path.name}/corenlp"
+    assert labels[4] == "fc (PG-SPIDEr, spider) [fc-pg-spider]"
+    assert f"fc-pg-spider: unavailable, not trained here: SPICE jars not found in …/{tmp_path.name}/corenlp." \
+        in table.notes
     assert labels[5:] == ["td (XE) [td-xe]", "td (SCST): no run", "td (PG-SPIDEr, cider_d) [td-pg-cider]"]
     cells = rows(table)
     pg = cells["fc (PG-SPIDEr, cider_d) [fc-pg-cider]"]
     assert [c.ours for c in pg] == pytest.approx([20.0, 25.0, 45.0, 110.0, 20.0, 65.0])  # SPIDEr = (110 + 20) / 2
     xe = cells["fc (XE) [fc-xe]"]  # SPICE unavailable: SPIDEr says why, never a number
     assert xe[4].ours is None and xe[5].ours is None
-    assert xe[5].text() == f"unavailable (SPICE: {SPICE_REASON})"
+    assert xe[5].text() == "unavailable"
     assert all(c.ours is None and c.text() == "—" for c in cells["fc (PG-SPIDEr, bcmr) [fc-pg-bcmr]"])  # missing
     assert all(c.text() == "unavailable" for c in cells[labels[4]])
     assert all(c.text() == "—" for c in cells["td (SCST): no run"])
     md = table.markdown()
-    assert str(tmp_path) not in md and "unavailable (SPICE: java not found on PATH)" in md
+    assert str(tmp_path) not in md and "SPICE: not computed (java not found on PATH)." in md
     assert "SPIDEr = (CIDEr-D + SPICE) / 2" in md
     csv_row = next(line for line in table.csv().splitlines() if line.startswith("fc (XE)"))
-    assert csv_row.endswith(f"unavailable (SPICE: {SPICE_REASON}),,")
+    assert csv_row.endswith("unavailable,,")
 
 
 def test_pg_spider_run_with_scores_is_shown_whatever_this_machine_lacks(results: Path, no_spice: str) -> None:
@@ -184,7 +185,7 @@ def test_spider_needs_spice_computed_or_evaluated(results: Path) -> None:
     params = table_params()
     write_scores(results, "fc-scst", unavailable={})  # SPICE not in evaluate.metrics
     cells = rows(pg_spider_table(params, "synthetic", scores_in(results, params)))
-    assert cells["fc (SCST) [fc-scst]"][5].text().startswith("unavailable (SPICE: not evaluated")
+    assert cells["fc (SCST) [fc-scst]"][5].text() == "not evaluated"
 
 
 def test_stackcap_tables_use_arch_method_and_dataset(results: Path) -> None:
@@ -252,7 +253,8 @@ def test_main_writes_every_table_of_the_dataset(tmp_path: Path) -> None:
     pg_md = (out / "synthetic_pg_spider.md").read_text()
     spider_row = "fc (PG-SPIDEr, spider) [fc-pg_spider-spider]"
     if reward_unavailable_reason("spider", params):  # no CoreNLP jars on this machine (the usual case)
-        assert f"| {spider_row}: unavailable: reward 'spider'" in pg_md
+        assert f"| {spider_row} | unavailable |" in pg_md
+        assert "fc-pg_spider-spider: unavailable, not trained here: reward 'spider'" in pg_md
     else:
         assert f"| {spider_row} | — |" in pg_md
     assert str(tmp_path) not in pg_md + main_md

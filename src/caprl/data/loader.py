@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from caprl.data.prepare import load_annotations
+from caprl.data.annotations import load_annotations
 from caprl.data.vocab import Labels, Vocab
 from caprl.features.store import Features
 from caprl.data.batch import Batch
-from caprl.rewards import references_from_annotations
+from caprl.data.annotations import references_from_annotations
 
 
 @dataclass

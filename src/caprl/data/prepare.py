@@ -170,46 +170,6 @@ def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) ->
         )
 
 
-def load_annotations(path: str | Path) -> dict[str, Any]:
-    """Read and validate an annotations file written by ``caprl prepare``."""
-    p = Path(path)
-    if not p.exists():
-        raise CaprlError(f"annotations file not found: {p} (made by `caprl prepare`)")
-    data = io.read_json(p, what="annotations file")
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list) or "dataset" not in data:
-        raise CaprlError(
-            f"{p}: not an annotations file (expected 'dataset' and an 'images' list); rerun `caprl prepare`"
-        )
-    if not data["images"]:
-        raise CaprlError(f"{p}: 'images' is empty; rerun `caprl prepare`")
-    seen: dict[int, int] = {}
-    for index, image in enumerate(data["images"]):
-        where = f"{p}: images[{index}]"
-        if not isinstance(image, dict):
-            raise CaprlError(f"{where} is not a JSON object; rerun `caprl prepare`")
-        for key in ("id", "file", "split", "captions", "raw"):
-            if key not in image:
-                raise CaprlError(f"{where} has no key '{key}'; rerun `caprl prepare`")
-        image_id = image["id"]
-        if not isinstance(image_id, int) or isinstance(image_id, bool) or image["split"] not in SPLITS:
-            raise CaprlError(f"{where}: id must be an integer and split one of {', '.join(SPLITS)}")
-        if image_id in seen:
-            raise CaprlError(f"{where} repeats id {image_id} of images[{seen[image_id]}]; rerun `caprl prepare`")
-        seen[image_id] = index
-        if not isinstance(image["file"], str) or not image["file"]:
-            raise CaprlError(f"{where}.file must be a non-empty path relative to the image root")
-        captions = image["captions"]
-        if (
-            not isinstance(captions, list)
-            or not captions
-            or not all(isinstance(c, list) and c and all(isinstance(t, str) for t in c) for c in captions)
-        ):
-            raise CaprlError(f"{where}.captions must be a non-empty list of non-empty token lists")
-        if not isinstance(image["raw"], list) or len(image["raw"]) != len(captions):
-            raise CaprlError(f"{where}.raw must be a list with one sentence per caption")
-    return data
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--raw", type=Path, default=None, help="raw description (default: datasets.<name>.raw)")

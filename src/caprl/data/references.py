@@ -18,7 +18,7 @@ from typing import Any
 
 from caprl import io, params as params_mod
 from caprl.data import SPLITS
-from caprl.data.prepare import load_annotations
+from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 
 log = logging.getLogger(__name__)

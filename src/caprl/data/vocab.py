@@ -26,7 +26,7 @@ import numpy as np
 
 from caprl import io, params as params_mod
 from caprl.data import SPLITS
-from caprl.data.prepare import load_annotations
+from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import argparse
 from collections import Counter
 
 from caprl import params as params_mod
-from caprl.data.prepare import load_annotations
+from caprl.data.annotations import load_annotations
 from caprl.evaluation.report import score_and_record
 from caprl.metrics.score_cli import load_references
 

@@ -34,7 +34,7 @@ def score_and_record(
     ev = params["evaluate"]
     results = [{"image_id": int(i), "caption": captions[i]} for i in sorted(captions)]
     io.write_json(out_captions, results)
-    scorer = OfficialScorer()
+    scorer = OfficialScorer(corenlp_dir=params["spice"]["corenlp_dir"])
     try:
         scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
     finally:

@@ -31,16 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-scores", required=True, help="output: official metrics (JSON)")
 
 
+def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
+                     batch_size: int, **settings: Any) -> dict[int, str]:
+    """The caption of every image by decoder ``method`` (``decode.method``), on the model's device."""
+    captions: dict[int, str] = {}
+    decode = DECODERS.get(method, where="decode.method")
+    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
+                                             lambda m, ctx: decode(m, ctx, **settings), batch_size, desc=method):
+        captions.update(zip(ids, (" ".join(w) for w in data.decode(tokens[:, 0]))))
+    return captions
+
+
 def beam_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], beam_size: int,
                   max_length: int, batch_size: int) -> dict[int, str]:
     """The best beam of every image, on the model's device."""
-    captions: dict[int, str] = {}
-    decode = DECODERS.get("beam")
-    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
-                                             lambda m, ctx: decode(m, ctx, max_length, beam_size=beam_size),
-                                             batch_size, desc="beam search"):
-        captions.update(zip(ids, (" ".join(w) for w in data.decode(tokens[:, 0]))))
-    return captions
+    return decoded_captions(model, data, image_ids, "beam", batch_size, beam_size=beam_size, max_length=max_length)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -56,9 +61,10 @@ def main(args: argparse.Namespace) -> None:
     if missing:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
-    captions = beam_captions(model, data, ids, params["decode"]["beam_size"], params["decode"]["max_length"],
-                             params["evaluate"]["batch_size"])
-    info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset,
-                            "beam_size": params["decode"]["beam_size"], "code_version": ckpt.code_version}
+    decode = params["decode"]
+    captions = decoded_captions(model, data, ids, decode["method"], params["evaluate"]["batch_size"],
+                                beam_size=decode["beam_size"], max_length=decode["max_length"])
+    info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
+                            "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples)

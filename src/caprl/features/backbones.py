@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from caprl.errors import CaprlError
+from caprl.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +72,15 @@ class Backbone(abc.ABC):
 
 
 _BackboneT = TypeVar("_BackboneT", bound=type[Backbone])
-BACKBONES: dict[str, type[Backbone]] = {}
+BACKBONES: Registry[type[Backbone]] = Registry("backbone")
 
 
 def register(name: str) -> Callable[[_BackboneT], _BackboneT]:
     """Class decorator: make a backbone available under ``name``."""
 
     def deco(cls: _BackboneT) -> _BackboneT:
-        if name in BACKBONES:
-            raise ValueError(f"backbone {name!r} registered twice")
         cls.name = name
-        BACKBONES[name] = cls
+        BACKBONES.add(name, cls)
         return cls
 
     return deco
@@ -90,9 +89,7 @@ def register(name: str) -> Callable[[_BackboneT], _BackboneT]:
 def build_backbone(features: Mapping[str, Any]) -> Backbone:
     """The backbone named by ``features.backbone``, built from its params section."""
     name = features["backbone"]
-    if name not in BACKBONES:
-        raise CaprlError(f"params.yaml features.backbone: unknown backbone {name!r}; known: {', '.join(sorted(BACKBONES))}")
-    return BACKBONES[name].from_params(features)
+    return BACKBONES.get(name, where="backbone").from_params(features)
 
 
 def _to_tensor(image: Image.Image, size: int, resample: Image.Resampling) -> torch.Tensor:

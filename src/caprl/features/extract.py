@@ -18,11 +18,10 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from caprl.data.prepare import load_annotations
+from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone, build_backbone
 from caprl.features.store import open_writer
-from caprl.io import read_json
 
 log = logging.getLogger(__name__)
 

@@ -139,7 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     annotation_ids = None
     if args.annotations:
-        from caprl.data.prepare import load_annotations
+        from caprl.data.annotations import load_annotations
 
         annotation_ids = [int(im["id"]) for im in load_annotations(args.annotations)["images"]]
     paths = args.shards if args.shards else shards_in(args.shard_dir)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from caprl.data.annotations import references_from_annotations
 from caprl.errors import CaprlError
 from caprl.io import atomic_path, read_json, write_text
 from caprl.rewards.ngrams import MAX_ORDER, encode, sorted_unique
@@ -163,35 +164,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         return {"format": None}
     return doc
-
-
-def references_from_annotations(annotations: dict[str, Any], split: str) -> dict[int, list[list[str]]]:
-    """Tokenised reference captions of one split of a normalised annotations dict.
-
-    The normalised format (written by ``caprl prepare``) is ``{"dataset": str, "images":
-    [{"id": int, "file": str, "split": "train"|"val"|"test", "captions": [[tok, ...], ...],
-    "raw": [str, ...]}, ...]}``. Returns ``{image id: captions}`` in file order.
-    """
-    images = annotations.get("images") if isinstance(annotations, dict) else None
-    if not isinstance(images, list):
-        raise CaprlError("annotations: expected an object with an 'images' list")
-    refs: dict[int, list[list[str]]] = {}
-    for i, image in enumerate(images):
-        if not isinstance(image, dict) or "id" not in image or "split" not in image or "captions" not in image:
-            raise CaprlError(f"annotations: images[{i}] lacks one of the keys 'id', 'split', 'captions'")
-        if image["split"] != split:
-            continue
-        caps = image["captions"]
-        if not isinstance(caps, list) or not all(
-            isinstance(c, list) and all(isinstance(t, str) for t in c) for c in caps
-        ):
-            raise CaprlError(f"annotations: images[{i}] (id {image['id']}): 'captions' must be lists of tokens")
-        if not caps:
-            raise CaprlError(f"annotations: images[{i}] (id {image['id']}) has no reference captions")
-        if image["id"] in refs:
-            raise CaprlError(f"annotations: image id {image['id']} appears twice")
-        refs[int(image["id"])] = [list(c) for c in caps]
-    return refs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

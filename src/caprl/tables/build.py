@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from caprl import io, params as params_mod
 from caprl.errors import CaprlError
+from caprl.registry import Registry
 from caprl.params import RunSpec
 from caprl.rewards import reward_unavailable_reason
 from caprl.tables.render import Cell, Table
@@ -35,17 +36,11 @@ UNAVAILABLE = "unavailable"  # a cell of a run that could not run on this machin
 
 Scores = dict[str, dict[str, Any]]
 TableBuilder = Callable[[dict[str, Any], str, Scores], Table]
-TABLES: dict[str, TableBuilder] = {}
+TABLES: Registry[TableBuilder] = Registry("table")
 
 
 def register_table(name: str) -> Callable[[TableBuilder], TableBuilder]:
-    def decorator(fn: TableBuilder) -> TableBuilder:
-        if name in TABLES:
-            raise ValueError(f"table '{name}' registered twice")
-        TABLES[name] = fn
-        return fn
-
-    return decorator
+    return TABLES.register(name)
 
 
 def metric_cells(scores: dict[str, Any] | None, metrics: list[tuple[str, str]] = METRICS) -> list[Cell]:
@@ -87,7 +82,9 @@ def with_paper(dataset: str) -> bool:
 
 
 def title(params: dict[str, Any], dataset: str, what: str) -> str:
-    return f"{dataset} {params['evaluate']['split']} split: {what} (beam {params['decode']['beam_size']})"
+    decode = params["decode"]
+    how = f"beam {decode['beam_size']}" if decode["method"] == "beam" else decode["method"]
+    return f"{dataset} {params['evaluate']['split']} split: {what} ({how})"
 
 
 def run_label(view: RunSpec, what: str) -> str:

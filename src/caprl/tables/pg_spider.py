@@ -4,8 +4,8 @@ For every model with ``pg_spider`` runs on the dataset (models in params order):
 model's XE run(s), its SCST run(s), then one row per PG-SPIDEr run, named by the run's
 ``reward`` option (a key of ``rewards:``: cider_d, bcmr, spider, ...). Columns are
 BLEU-4, METEOR, ROUGE-L, CIDEr-D, SPICE and SPIDEr = (CIDEr-D + SPICE) / 2, computed here
-from the score file; where SPICE was not computed SPIDEr shows as unavailable with SPICE's
-reason, never as a number. A PG-SPIDEr run whose reward cannot run on this machine
+from the score file; where SPICE was not computed SPIDEr shows as unavailable (the notes say
+why), never as a number. A PG-SPIDEr run whose reward cannot run on this machine
 (``caprl.rewards.reward_unavailable_reason``; e.g. SPICE without its CoreNLP jars) was
 never trained: without a score file its row says why it is unavailable.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from caprl.errors import CaprlError
 from caprl.params import RunSpec
-from caprl.tables.build import (UNAVAILABLE, Scores, method_label, metric_cells, not_trained_reason, portable,
+from caprl.tables.build import (UNAVAILABLE, Scores, method_label, metric_cells, not_trained_reason,
                                 register_table, run_label, title, unavailable_notes)
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import select
@@ -29,14 +29,15 @@ COLUMNS = [short for short, _ in METRICS] + [SPIDER[0]]
 
 
 def spider_cell(scores: dict[str, Any] | None) -> Cell:
-    """SPIDEr in %, or why not: missing run (—), or a component metric not computed."""
+    """SPIDEr in %, or why not: missing run (—), a component metric not computed (unavailable:
+    the table's notes give the metric's reason), or not evaluated."""
     if scores is None:
         return Cell(None)
     values, parts = scores.get("metrics", {}), SPIDER[1]
     for metric in parts:
         if metric not in values:
-            reason = scores.get("unavailable", {}).get(metric, "not evaluated (not in evaluate.metrics)")
-            return Cell(None, missing=f"unavailable ({metric}: {portable(reason)})")
+            computed = metric in scores.get("unavailable", {})
+            return Cell(None, missing=UNAVAILABLE if computed else "not evaluated")
     return Cell(100.0 * sum(values[m] for m in parts) / len(parts))
 
 
@@ -53,8 +54,9 @@ def reward_of(view: RunSpec) -> str:
 
 
 def model_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str,
-               pg_runs: list[RunSpec]) -> list[tuple[str, list[Cell]]]:
-    """The model's XE and SCST rows (one missing row when it has none), then its PG-SPIDEr rows."""
+               pg_runs: list[RunSpec], notes: list[str]) -> list[tuple[str, list[Cell]]]:
+    """The model's XE and SCST rows (one missing row when it has none), then its PG-SPIDEr rows;
+    why a PG-SPIDEr run could not be trained here goes to ``notes``."""
     rows = []
     for method in BASELINES:
         views = select(params, dataset, model=model, method=method)
@@ -67,7 +69,8 @@ def model_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str,
         if reason is None:
             rows.append((label, row_cells(scores.get(view.name))))
         else:
-            rows.append((f"{label}: {UNAVAILABLE}: {reason}", [Cell(None, missing=UNAVAILABLE) for _ in COLUMNS]))
+            rows.append((label, [Cell(None, missing=UNAVAILABLE) for _ in COLUMNS]))
+            notes.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
     return rows
 
 
@@ -78,13 +81,15 @@ def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Tab
     pg_runs = select(params, dataset, method=METHOD)
     order = {model: i for i, model in enumerate(params["models"])}
     models = sorted(dict.fromkeys(v.model for v in pg_runs), key=lambda m: order.get(m, len(order)))
+    not_trained: list[str] = []
     for model in models:
-        table.rows += model_rows(params, dataset, scores, model, [v for v in pg_runs if v.model == model])
+        table.rows += model_rows(params, dataset, scores, model, [v for v in pg_runs if v.model == model],
+                                 not_trained)
     shown = {v.name for v in pg_runs} | {v.name for model in models for method in BASELINES
                                           for v in select(params, dataset, model=model, method=method)}
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run. "
                    "SPIDEr = (CIDEr-D + SPICE) / 2, from the scores; unavailable where SPICE was not computed."]
     if not pg_runs:
         table.notes.append(f"No {METHOD} run trains on {dataset}.")
-    table.notes += unavailable_notes({run: s for run, s in scores.items() if run in shown})
+    table.notes += unavailable_notes({run: s for run, s in scores.items() if run in shown}) + not_trained
     return table
