@@ -107,6 +107,12 @@ class Objective(nn.Module):
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
+    def validation(self, model: CaptionModel, data: Any) -> dict[str, float]:
+        """Validation metrics of the objective's own (at epoch end, eval mode is the objective's
+        to set): a listener's recall, a value network's error. Captioners' methods get the
+        caption metrics (validation CIDEr-D) from the trainer and need none."""
+        return {}
+
     def param_groups(self, model: CaptionModel) -> list[dict[str, Any]]:
         """Optimiser groups: the caption model at ``lr``; subclasses add their modules' groups.
         A module with no group is frozen (the objective keeps it in eval mode)."""

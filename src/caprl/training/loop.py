@@ -237,7 +237,10 @@ class Trainer:
         return self.dist.mean_metrics({"loss": float(loss.detach()), **metrics})
 
     def _end_epoch(self, losses: list[float], seconds: float) -> None:
-        val = self.validate(self.model)  # every process computes it (same weights, same number)
+        # every process computes it (same weights, same number): the caption metrics of a
+        # captioner's method, plus whatever the objective measures of its own modules
+        val = {**(self.validate(self.model) if self.objective.captioner else {}),
+               **self.objective.validation(self.model, self.data)}
         select = self.objective.select
         if select not in val:
             raise CaprlError(f"objective {self.objective.name} selects epochs on '{select}', "
