@@ -1,0 +1,104 @@
+"""The decoding toolkit: start + rollout = sample, per-step entropy and hidden state, relaxed
+(straight-through) samples, and the named decoders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from caprl import decoding
+from caprl.decoding import DECODERS, ESTIMATORS
+from caprl.models import build_model
+
+V = 7
+
+
+def model_and_ctx(arch: str = "topdown", n_images: int = 3):
+    torch.manual_seed(0)
+    sizes = {"embed_size": 8, "hidden_size": 12, "dropout": 0.0}
+    if arch != "fc":
+        sizes["att_hidden_size"] = 6
+    model = build_model(arch, sizes, V, 5, 4).eval()
+    gen = torch.Generator().manual_seed(1)
+    ctx = model.encode(torch.randn(n_images, 5, generator=gen), torch.randn(n_images, 4, 5, generator=gen))
+    return model, ctx
+
+
+def test_sample_is_start_then_rollout_and_a_rollout_continues_any_state() -> None:
+    model, ctx = model_and_ctx()
+    with torch.no_grad():
+        whole = decoding.sample(model, ctx, 6, greedy=True)
+        first = decoding.rollout(model, decoding.start(model, ctx), 2, greedy=True, keep_states=True)
+        rest = decoding.rollout(model, first.after[-1], 4, greedy=True)
+    assert torch.equal(torch.cat([first.tokens[..., :2], rest.tokens[..., :4]], -1), whole.tokens)
+    assert first.after[-1].t == 2
+
+
+def test_entropy_and_hidden_are_those_of_each_step() -> None:
+    model, ctx = model_and_ctx("fc")
+    with torch.no_grad():
+        out = decoding.sample(model, ctx, 5, n=2, keep_hidden=True)
+        at = decoding.start(model, ctx, 2)
+        step = model.step(at.prev, at.ctx, at.state)
+    p = step.logprobs.exp()
+    torch.testing.assert_close(out.entropy[:, :, 0], -(p * step.logprobs).sum(-1))
+    torch.testing.assert_close(out.hidden[:, :, 0], step.hidden)
+    assert out.hidden.shape == (6, 1, 5, 12)
+    assert bool(((out.entropy > 0) == (out.mask > 0)).all())  # 0 after a caption's end
+
+
+@pytest.mark.parametrize("name", ["st_gumbel", "st_multinomial"])
+def test_straight_through_rows_are_one_hot_forward_with_gradients_backward(name: str) -> None:
+    model, ctx = model_and_ctx()
+    torch.manual_seed(2)
+    out = decoding.sample(model.train(), ctx, 4, estimator=ESTIMATORS[name](tau=1.0))
+    soft = out.soft  # [N, S, T, V]
+    assert soft is not None and soft.shape == (3, 1, 4, V)
+    live = out.mask.bool()
+    torch.testing.assert_close(soft[live].sum(-1), torch.ones(int(live.sum())))
+    assert torch.equal(soft[live].argmax(-1), out.tokens[live])
+    assert bool(((soft[live] == 0) | (soft[live] == 1)).all())  # exactly one-hot forward
+    (soft * torch.arange(V, dtype=soft.dtype)).sum().backward()
+    assert model.logit.weight.grad is not None and model.logit.weight.grad.abs().sum() > 0
+
+
+def test_psst_with_rho_one_passes_the_whole_distribution() -> None:
+    model, ctx = model_and_ctx()
+    torch.manual_seed(3)
+    out = decoding.sample(model, ctx, 3, estimator=ESTIMATORS["st_multinomial"](tau=1.0, rho=1.0))
+    assert out.soft is not None
+    first = out.soft[:, :, 0]
+    at = decoding.start(model, ctx)
+    torch.testing.assert_close(first, model.step(at.prev, at.ctx, at.state).logprobs.exp())
+
+
+def test_named_decoders_shapes_and_agreement() -> None:
+    model, ctx = model_and_ctx()
+    with torch.no_grad():
+        greedy = DECODERS["greedy"](model, ctx, 6)
+        beam1 = DECODERS["beam"](model, ctx, 6, beam_size=1)
+        top = DECODERS["top_k_beams"](model, ctx, 6, beam_size=4, n=3)
+        samples = DECODERS["sample"](model, ctx, 6, n=5)
+    assert greedy.shape == beam1.shape == (3, 1, 6) and torch.equal(greedy, beam1)
+    assert top.shape == (3, 3, 6) and samples.shape == (3, 5, 6)
+    assert torch.equal(top[:, 0], DECODERS["beam"](model, ctx, 6, beam_size=4)[:, 0])
+    with pytest.raises(Exception, match="unknown decoder 'nope'"):
+        DECODERS.get("nope", where="decode.method")
+
+
+def test_decode_split_covers_every_image_once_in_batches() -> None:
+    model, _ = model_and_ctx()
+    gen = torch.Generator().manual_seed(4)
+    pooled, regions = torch.randn(7, 5, generator=gen), torch.randn(7, 4, 5, generator=gen)
+    lookup = {i: k for k, i in enumerate(range(100, 107))}
+
+    def features_of(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.tensor([lookup[i] for i in ids])
+        return pooled[rows], regions[rows]
+
+    seen = []
+    for ids, tokens in decoding.decode_split(model, features_of, list(lookup), lambda m, c: DECODERS["greedy"](m, c, 5),
+                                             batch_size=3):
+        assert tokens.shape[0] == len(ids) <= 3
+        seen += ids
+    assert seen == list(lookup)
