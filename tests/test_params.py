@@ -65,11 +65,7 @@ def test_missing_real_data_says_where_and_how(write_params, tmp_path) -> None:
     params = default_params()
     params["datasets"]["coco"]["enabled"] = True
     write_params(params)
-    for name in ("Snakefile", "workflow"):
-        (tmp_path / name).symlink_to(REPO / name)
-    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "all_tables"], capture_output=True, text=True,
-                          cwd=tmp_path)
-    out = proc.stdout + proc.stderr
+    proc, out = snakemake_dry_run(tmp_path)
     assert proc.returncode != 0
     assert "datasets.coco.raw: data/raw/coco/dataset_coco.json does not exist" in out
     assert "Karpathy" in out and "README" in out
@@ -142,10 +138,15 @@ def test_unknown_run_key_fails_snakemake_before_any_job(write_params, tmp_path) 
     params = default_params()
     params["runs"]["fc-scst"]["init"] = {"model": "fc-xx"}
     write_params(params)
-    for name in ("Snakefile", "workflow"):
-        (tmp_path / name).symlink_to(REPO / name)
-    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "all_tables"], capture_output=True, text=True,
-                          cwd=tmp_path)
-    out = proc.stdout + proc.stderr
+    proc, out = snakemake_dry_run(tmp_path)
     assert proc.returncode != 0
     assert "runs.fc-scst.init.model" in out and "MissingInput" not in out
+
+
+def snakemake_dry_run(workdir):
+    """``snakemake -n all_tables`` in ``workdir`` (its params.yaml, the repository's workflow)."""
+    for name in ("Snakefile", "workflow"):
+        (workdir / name).symlink_to(REPO / name)
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "all_tables"], capture_output=True, text=True,
+                          cwd=workdir)
+    return proc, proc.stdout + proc.stderr

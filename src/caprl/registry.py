@@ -23,6 +23,16 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def register_class(self, name: str) -> Callable[[T], T]:
+        """Like :meth:`register`, and the class learns its registry name (``cls.name``)."""
+
+        def decorator(cls: T) -> T:
+            cls.name = name  # type: ignore[attr-defined]
+            self.add(name, cls)
+            return cls
+
+        return decorator
+
     def add(self, name: str, entry: T) -> None:
         if name in self._entries:
             raise ValueError(f"{self.kind} '{name}' registered twice")

@@ -40,12 +40,7 @@ READERS: Registry[type[Reader]] = Registry("dataset format")
 
 
 def register_reader(name: str) -> Callable[[type[Reader]], type[Reader]]:
-    def decorator(cls: type[Reader]) -> type[Reader]:
-        cls.name = name
-        READERS.add(name, cls)
-        return cls
-
-    return decorator
+    return READERS.register_class(name)
 
 
 def build_reader(fmt: str, dataset: str) -> Reader:

@@ -77,13 +77,7 @@ BACKBONES: Registry[type[Backbone]] = Registry("backbone")
 
 def register(name: str) -> Callable[[_BackboneT], _BackboneT]:
     """Class decorator: make a backbone available under ``name``."""
-
-    def deco(cls: _BackboneT) -> _BackboneT:
-        cls.name = name
-        BACKBONES.add(name, cls)
-        return cls
-
-    return deco
+    return BACKBONES.register_class(name)
 
 
 def build_backbone(features: Mapping[str, Any]) -> Backbone:

@@ -150,12 +150,7 @@ OBJECTIVES: Registry[type[Objective]] = Registry("objective")
 
 
 def register_objective(name: str) -> Callable[[type[Objective]], type[Objective]]:
-    def decorator(cls: type[Objective]) -> type[Objective]:
-        cls.name = name
-        OBJECTIVES.add(name, cls)
-        return cls
-
-    return decorator
+    return OBJECTIVES.register_class(name)
 
 
 def build_objective(method: str, options: dict[str, Any], env: ObjectiveEnv, model: CaptionModel,
