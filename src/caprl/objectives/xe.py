@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from caprl.models.base import CaptionModel
+from caprl.models.base import CaptionModel, map_batch
 from caprl.objectives.base import Batch, Objective, register_objective
 
 
@@ -22,7 +22,8 @@ def gold_targets(labels: torch.Tensor) -> torch.Tensor:
 @register_objective("xe")
 class CrossEntropy(Objective):
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        ctx = model.encode(batch.pooled.index_select(0, batch.label_image), batch.regions.index_select(0, batch.label_image))
+        # encode each image once, then one row per gold caption (5x less encoder work on COCO)
+        ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
         logprobs = model.teacher_forcing(ctx, batch.labels)  # [M, S, T+1, V]
         targets = gold_targets(batch.labels)
         mask = token_mask(batch.labels)
