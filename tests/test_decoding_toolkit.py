@@ -37,7 +37,7 @@ def test_sample_is_start_then_rollout_and_a_rollout_continues_any_state() -> Non
 def test_entropy_and_hidden_are_those_of_each_step() -> None:
     model, ctx = model_and_ctx("fc")
     with torch.no_grad():
-        out = decoding.sample(model, ctx, 5, n=2, keep_hidden=True)
+        out = decoding.sample(model, ctx, 5, n=2, keep_entropy=True, keep_hidden=True)
         at = decoding.start(model, ctx, 2)
         step = model.step(at.prev, at.ctx, at.state)
     p = step.logprobs.exp()

@@ -83,7 +83,7 @@ def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: An
 
 def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
     from caprl.data.loader import CaptionData, DataPaths
-    from caprl.evaluation.run import beam_captions
+    from caprl.evaluation.run import decoded_captions
     from caprl.models import build_model
 
     data, _ = gpu_data
@@ -91,6 +91,6 @@ def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
     model = build_model("topdown", {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8, "dropout": 0.0},
                         len(loaded.vocab), loaded.feat_dim, loaded.n_regions).to(DEVICE)
     ids = loaded.split_ids("test")
-    captions = beam_captions(model, loaded, ids, beam_size=3, max_length=8, batch_size=7)
+    captions = decoded_captions(model, loaded, ids, "beam", batch_size=7, beam_size=3, max_length=8)
     assert sorted(captions) == sorted(ids)
     assert next(model.parameters()).device.type == DEVICE

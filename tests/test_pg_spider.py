@@ -109,7 +109,7 @@ def test_baseline_gets_gradients_only_from_its_mse() -> None:
 def test_pg_spider_raises_the_reward() -> None:
     model, batch, env = setup()
     objective = build_objective("pg_spider", {**OPTIONS, "lr": 1e-2}, env, model)
-    optimizer = torch.optim.Adam([{k: v for k, v in g.items() if k != "name"} for g in objective.param_groups(model)])
+    optimizer = torch.optim.Adam(objective.param_groups(model))
     torch.manual_seed(0)
     rewards = []
     for _ in range(40):

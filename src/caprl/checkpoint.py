@@ -79,7 +79,7 @@ class Checkpoint:
 
 def record_of(module: torch.nn.Module, arch: str, options: dict[str, Any],
               shape: dict[str, int] | None = None) -> ModuleRecord:
-    state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}  # saved at once: no copy needed
     return ModuleRecord(arch=arch, options=dict(options), state=state, shape=dict(shape or {}))
 
 

@@ -35,8 +35,8 @@ class Samples:
 
     ``tokens [N, S, T]`` (0 after a caption's end), ``logprobs [N, S, T]`` of the chosen
     tokens (differentiable unless decoded under no_grad), ``mask [N, S, T]`` (1 for tokens
-    that belong to the caption, its end token included), ``entropy [N, S, T]`` of each
-    step's distribution (masked), ``attention [N, S, T, R]`` or None; on request
+    that belong to the caption, its end token included), ``attention [N, S, T, R]`` or None;
+    on request the ``entropy [N, S, T]`` of each step's distribution (masked),
     ``hidden [N, S, T, H]`` and relaxed rows ``soft [N, S, T, V]``; ``after[t]`` is the
     decode state after step t (to continue any prefix, see :func:`rollout`).
     """
@@ -44,7 +44,7 @@ class Samples:
     tokens: torch.Tensor
     logprobs: torch.Tensor
     mask: torch.Tensor
-    entropy: torch.Tensor
+    entropy: torch.Tensor | None = None
     attention: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     soft: torch.Tensor | None = None
@@ -168,6 +168,7 @@ def rollout(
     noise: Noise | None = None,
     per_image: int = 1,
     estimator: Estimator | None = None,
+    keep_entropy: bool = False,
     keep_hidden: bool = False,
     keep_states: bool = False,
 ) -> Samples:
@@ -199,7 +200,8 @@ def rollout(
         live = (~finished).to(scaled.dtype)
         masks.append(live)
         logprobs.append(scaled.gather(-1, word.unsqueeze(-1)).squeeze(-1) * live)
-        entropies.append(-(scaled.exp() * scaled).sum(dim=-1) * live)
+        if keep_entropy:
+            entropies.append(-(scaled.exp() * scaled).sum(dim=-1) * live)
         tokens.append(word)
         if out.attention is not None:
             attentions.append(out.attention)
@@ -217,7 +219,7 @@ def rollout(
         tokens=_pad(torch.stack(tokens, dim=2), steps),
         logprobs=_pad(torch.stack(logprobs, dim=2), steps),
         mask=_pad(torch.stack(masks, dim=2), steps),
-        entropy=_pad(torch.stack(entropies, dim=2), steps),
+        entropy=_pad(torch.stack(entropies, dim=2), steps) if entropies else None,
         attention=torch.stack(attentions, dim=2) if attentions else None,
         hidden=torch.stack(hiddens, dim=2) if hiddens else None,
         soft=torch.stack(softs, dim=2) if softs else None,

@@ -42,11 +42,6 @@ def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int
     return captions
 
 
-def beam_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], beam_size: int,
-                  max_length: int, batch_size: int) -> dict[int, str]:
-    """The best beam of every image, on the model's device."""
-    return decoded_captions(model, data, image_ids, "beam", batch_size, beam_size=beam_size, max_length=max_length)
-
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)

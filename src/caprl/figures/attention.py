@@ -103,13 +103,10 @@ def attention_figure(image: np.ndarray, captions: Sequence[Sequence[str]], atten
 def stage_captions(model: CaptionModel, data: CaptionData, image_ids: list[int],
                    max_length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy ``tokens [N, S, T]`` of every stage and their ``attention [N, S, T, R]`` (or None), on the CPU."""
-    tokens, attention = [], []
-    for _ids, out in decoding.decode_split(model, data.features_of, image_ids,
-                                           lambda m, ctx: decoding.sample(m, ctx, max_length, greedy=True),
-                                           batch_size=len(image_ids), desc="attention"):
-        tokens.append(out.tokens.cpu())
-        attention.append(None if out.attention is None else out.attention.cpu())
-    return torch.cat(tokens), None if attention[0] is None else torch.cat([a for a in attention if a is not None])
+    ((_, out),) = decoding.decode_split(model, data.features_of, image_ids,  # a few images: one batch
+                                        lambda m, ctx: decoding.sample(m, ctx, max_length, greedy=True),
+                                        batch_size=len(image_ids), desc="attention")
+    return out.tokens.cpu(), None if out.attention is None else out.attention.cpu()
 
 
 def draw_attention_figures(model: CaptionModel, data: CaptionData, image_ids: list[int], image_root: Path,

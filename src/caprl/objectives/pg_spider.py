@@ -95,9 +95,10 @@ class PGSpider(Objective):
                                                         noise=batch.noise)
         model.train(was_training)
         n, steps, k = completed.shape[:3]
-        words = self.env.decode_words(completed[:, :, :, -1].reshape(n * steps * k, -1))
-        nested = [[words[(i * steps + t) * k : (i * steps + t + 1) * k] for t in range(steps)] for i in range(n)]
-        mask = samples.mask[:, -1, :steps].detach().cpu().numpy() > 0
+        live = samples.mask[:, -1, :steps] > 0  # steps of the caption (past its end: nothing to score)
+        words = iter(self.env.decode_words(completed[live][:, :, -1].reshape(-1, completed.shape[-1])))
+        mask = live.cpu().numpy()
+        nested = [[[next(words) for _ in range(k)] if mask[i, t] else [] for t in range(steps)] for i in range(n)]
         q = monte_carlo_q(self.env.reward(self.options.reward), batch.image_ids, nested, mask)
         return self.tensor(q, like=samples.logprobs)
 

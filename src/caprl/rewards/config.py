@@ -144,7 +144,7 @@ def build_configured_reward(
     reason = reward_unavailable_reason(name, params)
     if reason is not None:
         raise CaprlError(reason)
-    if "spice" in component_kinds(name, params):
+    if "spice" in (options["weights"] if kind == MIX else [kind]):
         options["corenlp_dir"] = corenlp_dir(params)
     if kind == MIX:
         weights = options.pop("weights")

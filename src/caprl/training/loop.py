@@ -122,7 +122,7 @@ class Trainer:
         self.loss_fn: torch.nn.Module = LossModule(self.model, objective).to(self.dist.device)
         self.modules: dict[str, torch.nn.Module] = {checkpoint.MODEL: model, **objective.modules_to_save()}
         groups = objective.param_groups(model)
-        self.optimizer = torch.optim.Adam([{k: v for k, v in g.items() if k != "name"} for g in groups])
+        self.optimizer = torch.optim.Adam(groups)  # torch keeps each group's "name" in its state
         self.clipped = [g["params"] for g in groups]  # each module clipped on its own
         self.pos = Position()
         self.stop = StopFlag()

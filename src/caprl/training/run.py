@@ -131,7 +131,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     reward_name = spec.options.get("reward")
     meta = RunMeta(arch=arch, run=run_record, vocab_sha256=data.vocab.sha256,
                    config_hash=config_hash(run_record, arch, model_params, t, params["seed"], params["decode"],
-                                           params.get("rewards", {}).get(reward_name) if reward_name else None,
+                                           params["rewards"].get(reward_name) if reward_name else None,
                                            fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])))
     experiment = params["tracking"]["experiment"]
     previous = state_dir / "last.pt"
