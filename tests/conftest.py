@@ -83,11 +83,11 @@ def sigterm_after_step(n: int) -> Iterator[None]:
 
     from caprl.training.loop import Trainer
 
-    real_step, calls = Trainer._step, 0
+    real_step, calls = Trainer.step, 0
 
-    def step_then_sigterm(self: Trainer, image_ids: list[int]) -> dict[str, float]:
+    def step_then_sigterm(self: Trainer, image_ids: list[int], loaded: Any) -> dict[str, float]:
         nonlocal calls
-        metrics = real_step(self, image_ids)
+        metrics = real_step(self, image_ids, loaded)
         calls += 1
         if calls == n:
             assert callable(signal.getsignal(signal.SIGTERM)), "fit() installed no SIGTERM handler"
@@ -95,10 +95,10 @@ def sigterm_after_step(n: int) -> Iterator[None]:
         return metrics
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    Trainer._step = step_then_sigterm  # type: ignore[method-assign]
+    Trainer.step = step_then_sigterm  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Trainer._step = real_step  # type: ignore[method-assign]
+        Trainer.step = real_step  # type: ignore[method-assign]
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

@@ -45,12 +45,14 @@ def gpu_data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _train(params: dict[str, Any], data: Any, run: str, state: Path, inits: dict[str, str],
            stop_after: int | None = None) -> Path:
-    from caprl.data.loader import CaptionData, DataPaths
+    from caprl.data.loader import CaptionData, DataPaths, Loading
     from caprl.training import run as run_mod
     from caprl.training.distributed import Dist
     from caprl.training.loop import Preempted
 
-    loaded = CaptionData(DataPaths(str(data.annotations), str(data.vocab), str(data.labels), str(data.features)))
+    # streamed from disk: the pinned-memory read-ahead to the GPU
+    loaded = CaptionData(DataPaths(str(data.annotations), str(data.vocab), str(data.labels), str(data.features)),
+                         Loading(in_memory=False, prefetch=2))
     dist = Dist(device=torch.device(DEVICE))
     if stop_after is None:
         return run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)[0]
@@ -79,6 +81,28 @@ def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: An
                 assert torch.equal(tensor, b.modules[name].state[key]), f"{run}: {name}.{key} differs after resume"
         last = checkpoint.load(tmp_path / run / "resumed" / "last.pt")
         assert last.rng is not None and ("cuda" in last.rng) == (DEVICE == "cuda")
+
+
+def test_bf16_autocast_trains_and_resumes_bit_identically(gpu_data: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from caprl import checkpoint, params as params_mod
+
+    data, env = gpu_data
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    monkeypatch.chdir(data.workdir)
+    params = params_mod.load(data.params)
+    params["train"]["amp"] = "bf16"
+    params["runs"] = {"topdown-xe": {"method": "xe", "model": "topdown", "options": {"epochs": 1}},
+                      "topdown-scst": {"method": "scst", "model": "topdown", "init": {"model": "topdown-xe"},
+                                       "options": {"epochs": 1, "n_samples": 2}}}
+    xe = _train(params, data, "topdown-xe", tmp_path / "xe", {})
+    ref = _train(params, data, "topdown-scst", tmp_path / "ref", {"model": str(xe)})
+    resumed = _train(params, data, "topdown-scst", tmp_path / "resumed", {"model": str(xe)}, stop_after=1)
+    a, b = checkpoint.load(ref).module("model").state, checkpoint.load(resumed).module("model").state
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(v.dtype == torch.float32 and bool(torch.isfinite(v).all()) for v in a.values())
+    history = checkpoint.load(tmp_path / "ref" / "last.pt").position["history"]
+    assert all(h["train_loss"] == h["train_loss"] for h in history)  # no NaN loss
 
 
 def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:

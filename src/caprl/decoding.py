@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from caprl.data.prefetch import Prefetcher
 from caprl.models.base import Batch, CaptionModel, map_batch
 from caprl.registry import Registry
 
@@ -353,14 +354,15 @@ def decode_split(
 ) -> Iterator[tuple[list[int], Any]]:
     """Decode ``image_ids`` in batches on the model's device (eval mode, no gradient).
 
-    ``decode(model, ctx)`` returns anything; yields ``(ids, result)`` per batch.
+    ``decode(model, ctx)`` returns anything; yields ``(ids, result)`` per batch. The next
+    batch's features are read by a background thread while this one decodes.
     """
     model.eval()
     device = next(model.parameters()).device
-    with torch.no_grad():
-        for i in tqdm(range(0, len(image_ids), batch_size), desc=desc, leave=False, mininterval=2.0, disable=None):
-            ids = list(image_ids[i : i + batch_size])
-            pooled, regions = features_of(ids)
+    chunks = [list(image_ids[i : i + batch_size]) for i in range(0, len(image_ids), batch_size)]
+    with torch.no_grad(), Prefetcher(features_of, chunks, depth=1) as loaded:
+        for ids, (pooled, regions) in tqdm(loaded, total=len(chunks), desc=desc, leave=False, mininterval=2.0,
+                                           disable=None):
             yield ids, decode(model, model.encode(pooled.to(device), regions.to(device)))
 
 

@@ -24,6 +24,12 @@ class Batch:
     label_image: torch.Tensor
     noise: Any = None
 
-    def to(self, device: torch.device) -> "Batch":
-        return Batch(self.image_ids, self.pooled.to(device), self.regions.to(device), self.labels.to(device),
-                     self.label_image.to(device), self.noise)
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+        return Batch(self.image_ids, *(t.to(device, non_blocking=non_blocking) for t in self._tensors()), self.noise)
+
+    def pin(self) -> "Batch":
+        """In page-locked memory, for an asynchronous copy to a GPU."""
+        return Batch(self.image_ids, *(t.pin_memory() for t in self._tensors()), self.noise)
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.pooled, self.regions, self.labels, self.label_image)

@@ -7,15 +7,41 @@ object with batch-level methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from caprl.data.annotations import load_annotations
 from caprl.data.vocab import Labels, Vocab
-from caprl.features.store import Features
+from caprl.features.store import Features, open_features_file
 from caprl.data.batch import Batch
 from caprl.data.annotations import references_from_annotations
+
+
+@dataclass
+class Loading:
+    """How features are read (``loading:`` in params.yaml).
+
+    ``in_memory``: true reads the whole features file once; false streams rows from disk
+    through an LRU cache of ``cache_mib`` (the process's memory then does not grow with the
+    dataset); "auto" keeps files up to ``in_memory_max_mib`` in memory. ``prefetch`` batches
+    are read ahead by a background thread while the current step runs.
+    """
+
+    in_memory: bool | str = "auto"
+    in_memory_max_mib: int = 1024
+    cache_mib: int = 64
+    prefetch: int = 2
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "Loading":
+        return cls(**params["loading"])
+
+    def keep_in_memory(self, path: str) -> bool:
+        if isinstance(self.in_memory, bool):
+            return self.in_memory
+        return Path(path).stat().st_size <= self.in_memory_max_mib * 2**20
 
 
 @dataclass
@@ -34,14 +60,17 @@ def add_data_arguments(parser: Any) -> None:
 
 class CaptionData:
     @classmethod
-    def from_args(cls, args: Any) -> "CaptionData":
-        return cls(DataPaths(args.annotations, args.vocab, args.labels, args.features))
+    def from_args(cls, args: Any, loading: Loading | None = None) -> "CaptionData":
+        return cls(DataPaths(args.annotations, args.vocab, args.labels, args.features), loading)
 
-    def __init__(self, paths: DataPaths) -> None:
+    def __init__(self, paths: DataPaths, loading: Loading | None = None) -> None:
         self.paths = paths
+        self.loading = loading or Loading()
         self.vocab = Vocab.load(paths.vocab)
         self.labels = Labels(paths.labels)
-        self.features = Features(paths.features)
+        open_features_file(paths.features).close()  # a missing file is named before its size is asked
+        self.features = Features(paths.features, in_memory=self.loading.keep_in_memory(paths.features),
+                                 cache_bytes=self.loading.cache_mib * 2**20)
         self.annotations: dict[str, Any] = load_annotations(paths.annotations)
 
     @property
@@ -60,8 +89,7 @@ class CaptionData:
         return references_from_annotations(self.annotations, split)
 
     def features_of(self, image_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled, regions = self.features.get(image_ids)
-        return torch.as_tensor(pooled, dtype=torch.float32), torch.as_tensor(regions, dtype=torch.float32)
+        return self.features.get(image_ids)
 
     def batch(self, image_ids: list[int]) -> Batch:
         pooled, regions = self.features_of(image_ids)

@@ -15,7 +15,7 @@ from caprl.evaluation.report import score_and_record
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
 from caprl.device import default_device
-from caprl.data.loader import CaptionData, add_data_arguments
+from caprl.data.loader import CaptionData, Loading, add_data_arguments
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    data = CaptionData.from_args(args)
+    data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]

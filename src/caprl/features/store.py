@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -16,7 +18,18 @@ from caprl.io import atomic_path
 
 DATASETS = ("image_ids", "pooled", "regions")
 REQUIRED_ATTRS = ("backbone", "grid", "dim", "n_regions")
-CHUNK_BYTES = 1 << 20  # target size of one HDF5 chunk of the regions dataset
+CHUNK_BYTES = 1 << 16  # at most this many bytes per HDF5 chunk, but always whole rows (at least one)
+
+
+def chunk_rows(n_rows: int, row_bytes: int) -> int:
+    """Rows per chunk: whole rows, about :data:`CHUNK_BYTES` or one row if a row is larger.
+
+    Training reads a random batch of rows, so a chunk much larger than a row would read
+    (and decompress, were it compressed) rows nobody asked for: at COCO sizes a 36 x 2048
+    row is 288 KiB, one row per chunk. Chunks are made equal so the last one is not padded.
+    """
+    rows = max(1, min(n_rows, CHUNK_BYTES // max(1, row_bytes)))
+    return -(-n_rows // -(-n_rows // rows)) if n_rows else 1
 
 
 class FeatureWriter:
@@ -25,18 +38,15 @@ class FeatureWriter:
     def __init__(self, h5: h5py.File, n_rows: int, dim: int, n_regions: int) -> None:
         self.n_rows, self.dim, self.n_regions = n_rows, dim, n_regions
         self.rows_written = 0
-        row_bytes = 4 * max(1, n_regions * dim)
-        rows_per_chunk = max(1, min(n_rows, CHUNK_BYTES // row_bytes))
-        rows_per_chunk = -(-n_rows // -(-n_rows // rows_per_chunk)) if n_rows else 1  # equal chunks, no padding
         chunked = n_rows > 0
         self._ids = h5.create_dataset("image_ids", shape=(n_rows,), dtype="int64", track_times=False)
         self._pooled = h5.create_dataset(
             "pooled", shape=(n_rows, dim), dtype="float32", track_times=False,
-            chunks=(rows_per_chunk, dim) if chunked else None,
+            chunks=(chunk_rows(n_rows, 4 * dim), dim) if chunked else None,
         )
         self._regions = h5.create_dataset(
             "regions", shape=(n_rows, n_regions, dim), dtype="float32", track_times=False,
-            chunks=(rows_per_chunk, n_regions, dim) if chunked else None,
+            chunks=(chunk_rows(n_rows, 4 * n_regions * dim), n_regions, dim) if chunked else None,
         )
 
     def write(self, image_ids: Sequence[int] | np.ndarray, pooled: Any, regions: Any) -> None:
@@ -81,7 +91,8 @@ def open_writer(
 
     The merged file has its rows sorted by ``image_ids`` ascending; a shard file lists its
     images in the order they were extracted (also ascending, see caprl.features.extract).
-    Chunks hold whole rows (about 1 MiB each), so reading a batch of images is cheap.
+    Chunks hold whole rows (see :func:`chunk_rows`), so reading a batch of images reads
+    little else.
     """
     missing = [a for a in REQUIRED_ATTRS if a not in attrs]
     if missing:
@@ -139,17 +150,21 @@ def open_features_file(path: str | os.PathLike[str]) -> h5py.File:
 class Features:
     """Read a features file: image id -> (pooled, regions) tensors.
 
-    ``in_memory=True`` reads both datasets once (fine for the synthetic data and for pooled
-    vectors); ``in_memory=False`` keeps the file open and reads only the rows asked for (the
-    handle is reopened after pickling, e.g. in DataLoader workers)::
+    ``in_memory=True`` reads both datasets once (fine for small sets); ``in_memory=False``
+    keeps the file open and reads only the rows asked for, through an LRU cache of at most
+    ``cache_bytes`` (so the memory of a process does not grow with the dataset; the handle
+    is reopened after pickling, e.g. in DataLoader workers)::
 
         with Features("data/synthetic/features/patches.h5") as feats:
             pooled, regions = feats.get([9, 3, 7])   # [3, D], [3, R, D]
+
+    Reads are serialised by a lock, so a prefetch thread and the main thread may share it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], in_memory: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], in_memory: bool = True, cache_bytes: int = 0) -> None:
         self.path = Path(path)
         self.in_memory = in_memory
+        self._lock = threading.Lock()
         self._h5: h5py.File | None = open_features_file(self.path)
         self.attrs = check_file(self._h5, self.path)
         self.image_ids: np.ndarray = self._h5["image_ids"][:]
@@ -158,6 +173,8 @@ class Features:
             raise CaprlError(f"{self.path}: duplicate image ids; re-create it with caprl merge-features")
         self._pooled: np.ndarray | None = None
         self._regions: np.ndarray | None = None
+        row_bytes = 4 * self.dim * (1 + self.n_regions)
+        self._cache = RowCache(max(0, cache_bytes) // row_bytes)
         if in_memory:
             self._pooled = self._h5["pooled"][:]
             self._regions = self._h5["regions"][:]
@@ -200,13 +217,26 @@ class Features:
         rows = self.rows(image_ids)
         if self._pooled is not None and self._regions is not None:
             pooled, regions = self._pooled[rows], self._regions[rows]
-        else:
-            h5 = self._file()
-            uniq, inverse = np.unique(rows, return_inverse=True)  # h5py wants increasing indices
-            pooled = h5["pooled"][uniq][inverse] if len(uniq) else np.zeros((0, self.dim), np.float32)
-            regions = (h5["regions"][uniq][inverse] if len(uniq)
-                       else np.zeros((0, self.n_regions, self.dim), np.float32))
-        return torch.from_numpy(np.ascontiguousarray(pooled)), torch.from_numpy(np.ascontiguousarray(regions))
+            return torch.from_numpy(np.ascontiguousarray(pooled)), torch.from_numpy(np.ascontiguousarray(regions))
+        pooled = np.empty((len(rows), self.dim), np.float32)
+        regions = np.empty((len(rows), self.n_regions, self.dim), np.float32)
+        with self._lock:
+            found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            for row in {int(r) for r in rows}:
+                hit = self._cache.get(row)
+                if hit is not None:
+                    found[row] = hit
+            missing = sorted({int(r) for r in rows} - found.keys())
+            if missing:  # one read of the rows not cached (h5py wants increasing indices)
+                h5 = self._file()
+                read_pooled, read_regions = h5["pooled"][missing], h5["regions"][missing]
+                for k, row in enumerate(missing):
+                    found[row] = (read_pooled[k], read_regions[k])
+                    if self._cache.capacity:  # a copy: a view would keep the whole batch array alive
+                        self._cache.put(row, (read_pooled[k].copy(), read_regions[k].copy()))
+            for k, row in enumerate(rows):
+                pooled[k], regions[k] = found[int(row)]
+        return torch.from_numpy(pooled), torch.from_numpy(regions)
 
     def _file(self) -> h5py.File:
         if self._h5 is None:
@@ -228,4 +258,38 @@ class Features:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_h5"] = None
+        state["_lock"] = None
+        state["_cache"] = RowCache(self._cache.capacity)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class RowCache:
+    """Least-recently-used rows, at most ``capacity`` of them (0: no caching)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._rows: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def keys(self) -> set[int]:
+        return set(self._rows)
+
+    def get(self, row: int) -> tuple[np.ndarray, np.ndarray] | None:
+        hit = self._rows.get(row)
+        if hit is not None:
+            self._rows.move_to_end(row)
+        return hit
+
+    def put(self, row: int, value: tuple[np.ndarray, np.ndarray]) -> None:
+        if self.capacity <= 0:
+            return
+        self._rows[row] = value
+        self._rows.move_to_end(row)
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._rows)

@@ -35,7 +35,7 @@ from caprl.features.extract import load_image
 from caprl.io import atomic_path
 from caprl.models import CaptionModel
 from caprl.device import default_device
-from caprl.data.loader import CaptionData, add_data_arguments
+from caprl.data.loader import CaptionData, Loading, add_data_arguments
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    data = CaptionData.from_args(args)
+    data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]

@@ -6,11 +6,17 @@ teacher forcing, sampling, greedy decoding and beam search for every architectur
 
 * ``encode(pooled, regions) -> ctx``: per-image tensors (batch first), computed once.
 * ``init_state(ctx) -> state``: a tuple of batch-first tensors.
-* ``step(words, ctx, state) -> StepOutput``: ``words`` is ``[B, S]`` (one previous word
-  per stage, 0 = start/end), ``logprobs`` is ``[B, S, V]``; ``attention`` is ``[B, S, R]``
-  (zeros for stages without attention) or None for models with no attention at all;
-  ``hidden`` is ``[B, S, H]``, the state the output layer reads (baselines and value
-  networks are built on it).
+* ``core(words, ctx, state) -> StepCore``: the recurrent part of a step. ``words`` is
+  ``[B, S]`` (one previous word per stage, 0 = start/end); ``out [B, S, F]`` is what the
+  output layer reads; ``attention`` is ``[B, S, R]`` (zeros for stages without attention)
+  or None for models with no attention at all; ``hidden`` is ``[B, S, H]``, the hidden
+  state (baselines and value networks are built on it).
+* ``head(out) -> logits [..., S, V]``: the output layer (dropout included). It has no
+  recurrence, so teacher forcing runs it once over every position of the batch
+  (:meth:`CaptionModel.token_logprobs`) instead of once per step. One-stage models tape
+  its weight (:mod:`caprl.models.timeshared`): every loss on a decode reads their only
+  stage; multi-stage models do not, since a loss may read the last stage alone.
+* ``step(words, ctx, state) -> StepOutput`` = core, head and log-softmax: ``logprobs [B, S, V]``.
 
 ``S = n_stages`` (1 for one-stage models). The last stage is the model's output: beam
 search and evaluation use it.
@@ -23,12 +29,20 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from caprl.errors import CaprlError
 from caprl.registry import Registry
 
 Batch = Any  # nested tuple/dict of batch-first tensors
+
+
+class StepCore(NamedTuple):
+    out: torch.Tensor  # [B, S, F]: what the output layer reads
+    state: tuple[torch.Tensor, ...]
+    attention: torch.Tensor | None  # [B, S, R]
+    hidden: torch.Tensor  # [B, S, H]
 
 
 class StepOutput(NamedTuple):
@@ -88,13 +102,63 @@ class CaptionModel(nn.Module):
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
+    def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
         raise NotImplementedError
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
+        core = self.core(words, ctx, state)
+        return StepOutput(torch.log_softmax(self.head(core.out), dim=-1), core.state, core.attention, core.hidden)
+
+    def token_logprobs(self, ctx: Batch, labels: torch.Tensor) -> torch.Tensor:
+        """``[B, S, T+1]``: every stage's log-probability of each gold word of ``labels [B, T]``
+        (position T: the end token), 0 after a caption's end token. What XE needs, computed
+        without waste: captions are sorted by length and the batch shrinks as they end (no
+        step is run for padding), and the output layer runs once over all positions.
+        Equal to gathering :meth:`teacher_forcing` (same dropout distribution, other draws).
+        """
+        batch, length = labels.shape
+        steps = (labels > 0).sum(dim=1) + 1  # words + the end token
+        order = torch.argsort(steps, descending=True, stable=True)
+        active = torch.bincount(steps.clamp(max=length + 1), minlength=length + 2).flip(0).cumsum(0).flip(0)
+        active = active[1:].tolist()  # active[t] = rows still running at position t (one sync, before the loop)
+        gold = torch.cat([labels, labels.new_zeros(batch, 1)], dim=1).index_select(0, order)  # [B, T+1]
+        ctx = map_batch(lambda t: t.index_select(0, order), ctx)
+        state = self.init_state(ctx)
+        prev = torch.zeros(batch, self.n_stages, dtype=torch.long, device=labels.device)
+        outs, targets = [], []
+        for t in range(length + 1):
+            n = active[t]
+            if n == 0:
+                break
+            if n < prev.shape[0]:  # the shortest captions have ended: drop their rows (views, no copy)
+                ctx = map_batch(lambda x: x[:n], ctx)
+                state = map_batch(lambda x: x[:n], state)
+                prev = prev[:n]
+            core = self.core(prev, ctx, state)
+            state = core.state
+            outs.append(core.out)
+            targets.append(gold[:n, t])
+            prev = gold[:n, t, None].expand(n, self.n_stages)
+        packed = torch.cat(outs)  # [P, S, F], position-major
+        logits = self.head(packed)  # [P, S, V]
+        target = torch.cat(targets).unsqueeze(1).expand(-1, logits.shape[1])  # [P, S]
+        picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                  reduction="none").view(target.shape)  # rows contiguous: the fast kernel
+        # back to [B, S, T+1] in the caller's row order
+        rows = torch.cat([order[:n] for n in active[: len(outs)]])
+        cols = torch.cat([torch.full((n,), t, device=labels.device) for t, n in enumerate(active[: len(outs)])])
+        out = picked.new_zeros(batch, length + 1, logits.shape[1])
+        out = out.index_put((rows, cols), picked)
+        return out.transpose(1, 2)
 
     def teacher_forcing(self, ctx: Batch, labels: torch.Tensor) -> torch.Tensor:
         """Log-probabilities ``[B, S, T+1, V]`` of every stage given gold words ``labels [B, T]``.
 
-        Position t predicts ``labels[:, t]``; position T predicts the end token.
+        Position t predicts ``labels[:, t]``; position T predicts the end token. (XE needs
+        only the gold words' entries: :meth:`token_logprobs` computes those much faster.)
         """
         batch, length = labels.shape
         state = self.init_state(ctx)

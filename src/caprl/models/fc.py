@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from caprl.models.base import Batch, CaptionModel, StepOutput, register_model
+from caprl.models import timeshared as ts
+from caprl.models.base import Batch, CaptionModel, StepCore, register_model
 
 
 @register_model("fc")
@@ -28,7 +29,9 @@ class ShowTell(CaptionModel):
         h, c = self.lstm(img, (zeros, zeros))  # step t=-1 reads the image
         return (h, c)
 
-    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
-        h, c = self.lstm(self.embed(words[:, 0]), state)
-        logprobs = torch.log_softmax(self.logit(self.dropout(h)), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), (h, c), None, h.unsqueeze(1))
+    def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
+        h, c = ts.lstm_cell(self.lstm, ts.embedding(self.embed, words[:, 0]), state)
+        return StepCore(h.unsqueeze(1), (h, c), None, h.unsqueeze(1))
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        return ts.linear(self.logit, self.dropout(out))

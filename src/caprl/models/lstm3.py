@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepOutput, register_model
+from caprl.models import timeshared as ts
+from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
 
 N_LAYERS = 3
 
@@ -35,7 +36,7 @@ class LSTM3(CaptionModel):
         """One step of the stack; ``state`` is (h1, c1, h2, c2, h3, c3)."""
         out: list[torch.Tensor] = []
         for layer, lstm in enumerate(self.lstms):
-            h, c = lstm(x, (state[2 * layer], state[2 * layer + 1]))
+            h, c = ts.lstm_cell(lstm, x, (state[2 * layer], state[2 * layer + 1]))
             out += [h, c]
             x = self.dropout(h)
         return tuple(out)
@@ -45,7 +46,9 @@ class LSTM3(CaptionModel):
         zeros = img.new_zeros(img.shape[0], self.config.hidden_size)
         return self._layers(img, (zeros,) * (2 * N_LAYERS))  # step t=-1 reads the image
 
-    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
-        state = self._layers(self.embed(words[:, 0]), state)
-        logprobs = torch.log_softmax(self.logit(self.dropout(state[-2])), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), state, None, state[-2].unsqueeze(1))
+    def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
+        state = self._layers(ts.embedding(self.embed, words[:, 0]), state)
+        return StepCore(state[-2].unsqueeze(1), state, None, state[-2].unsqueeze(1))
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        return ts.linear(self.logit, self.dropout(out))

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from caprl.models.attention import AdditiveAttention
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepOutput, register_model
+from caprl.models import timeshared as ts
+from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
 
 
 @dataclass
@@ -48,11 +49,13 @@ class SoftAttention(CaptionModel):
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
         return (torch.tanh(self.init_h(ctx["mean"])), torch.tanh(self.init_c(ctx["mean"])))
 
-    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
+    def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
         h, c = state
         z, alpha = self.attention(ctx["feats"], ctx["proj"], h)  # attention from h_{t-1}
-        emb = self.embed(words[:, 0])
-        h, c = self.lstm(torch.cat([self.dropout(emb), z], dim=1), (h, c))
-        deep = emb + self.out_h(self.dropout(h)) + self.out_z(z)
-        logprobs = torch.log_softmax(self.logit(self.dropout(deep)), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), (h, c), alpha.unsqueeze(1), h.unsqueeze(1))
+        emb = ts.embedding(self.embed, words[:, 0])
+        h, c = ts.lstm_cell(self.lstm, torch.cat([self.dropout(emb), z], dim=1), (h, c))
+        deep = emb + ts.linear(self.out_h, self.dropout(h)) + ts.linear(self.out_z, z, bias=None)
+        return StepCore(deep.unsqueeze(1), (h, c), alpha.unsqueeze(1), h.unsqueeze(1))
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        return ts.linear(self.logit, self.dropout(out))  # the deep output layer L_o

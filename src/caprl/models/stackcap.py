@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepOutput, register_model
+from caprl.models import timeshared as ts
+from caprl.models.attention import additive_scores
+from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
 
 
 @dataclass
@@ -55,7 +57,7 @@ class StageAttention(nn.Module):
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(g [B, H], alpha [B, R])`` from precomputed keys/values and the query ``[B, H]``."""
-        scores = self.w_alpha(torch.tanh(keys + self.w_ha(query).unsqueeze(1))).squeeze(-1)
+        scores = additive_scores(keys, ts.linear(self.w_ha, query, bias=None), self.w_alpha)
         alpha = torch.softmax(scores, dim=-1)
         return torch.bmm(alpha.unsqueeze(1), values).squeeze(1), alpha
 
@@ -98,25 +100,26 @@ class CoarseToFine(CaptionModel):
         query = self.attention_query(h_prev, alpha_prev if stage > 1 else None, values_prev)
         return self.attend[stage - 1](ctx["keys"][:, stage - 1], ctx["values"][:, stage - 1], query)
 
-    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
+    def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
         h, c = state
-        emb = self.embed(words)  # [B, S, E]: every stage its own previous word
-        h0, c0 = self.coarse(torch.cat([emb[:, 0], ctx["mean"], h[:, -1]], dim=1), (h[:, 0], c[:, 0]))
+        emb = ts.embedding(self.embed, words)  # [B, S, E]: every stage its own previous word
+        h0, c0 = ts.lstm_cell(self.coarse, torch.cat([emb[:, 0], ctx["mean"], h[:, -1]], dim=1), (h[:, 0], c[:, 0]))
         hs, cs = [h0], [c0]
         alphas = [h0.new_zeros(h0.shape[0], ctx["keys"].shape[2])]
         alpha_prev: torch.Tensor | None = None
         for i in range(1, self.n_stages):
             g, alpha = self.attend_stage(i, ctx, hs[-1], alpha_prev)
-            hi, ci = self.fine[i - 1](torch.cat([emb[:, i], g, hs[-1]], dim=1), (h[:, i], c[:, i]))
+            hi, ci = ts.lstm_cell(self.fine[i - 1], torch.cat([emb[:, i], g, hs[-1]], dim=1), (h[:, i], c[:, i]))
             hs.append(hi)
             cs.append(ci)
             alphas.append(alpha)
             alpha_prev = alpha
-        logprobs = torch.stack(
-            [torch.log_softmax(layer(self.dropout(hi)), dim=-1) for layer, hi in zip(self.logits, hs)], dim=1
-        )
         hidden = torch.stack(hs, dim=1)
-        return StepOutput(logprobs, (hidden, torch.stack(cs, dim=1)), torch.stack(alphas, dim=1), hidden)
+        return StepCore(hidden, (hidden, torch.stack(cs, dim=1)), torch.stack(alphas, dim=1), hidden)
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        """Each stage's own output layer on ``out [..., S, H]``."""
+        return torch.stack([layer(self.dropout(out[..., s, :])) for s, layer in enumerate(self.logits)], dim=-2)
 
 
 @register_model("stackcap_star")

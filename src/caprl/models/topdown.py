@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from caprl.models.attention import AdditiveAttention
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepOutput, register_model
+from caprl.models import timeshared as ts
+from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
 
 
 @dataclass
@@ -33,18 +35,27 @@ class TopDown(CaptionModel):
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:
         feats = self.feat_embed(regions)
-        return {"feats": feats, "proj": self.attention.precompute(feats), "mean": feats.mean(dim=1)}
+        mean = feats.mean(dim=1)
+        # the attention LSTM reads [h_lang, mean, word]: the mean's share of its gates is the
+        # same at every step, so it is projected once here
+        h = self.config.hidden_size
+        return {"feats": feats, "proj": self.attention.precompute(feats), "mean": mean,
+                "mean_gates": F.linear(mean, self.att_lstm.weight_ih[:, h : 2 * h])}
 
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
         zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.config.hidden_size)
         return (zeros, zeros, zeros, zeros)
 
-    def step(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepOutput:
+    def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
         h_att, c_att, h_lang, c_lang = state
-        x = torch.cat([h_lang, ctx["mean"], self.embed(words[:, 0])], dim=1)
-        h_att, c_att = self.att_lstm(x, (h_att, c_att))
+        h = self.config.hidden_size
+        x = torch.cat([h_lang, ts.embedding(self.embed, words[:, 0])], dim=1)
+        h_att, c_att = ts.lstm_cell(self.att_lstm, x, (h_att, c_att), gates=ctx["mean_gates"],
+                                    columns=(slice(0, h), slice(2 * h, None)))
         attended, alpha = self.attention(ctx["feats"], ctx["proj"], h_att)
-        h_lang, c_lang = self.lang_lstm(torch.cat([attended, h_att], dim=1), (h_lang, c_lang))
-        logprobs = torch.log_softmax(self.logit(self.dropout(h_lang)), dim=-1)
-        return StepOutput(logprobs.unsqueeze(1), (h_att, c_att, h_lang, c_lang), alpha.unsqueeze(1),
-                          h_lang.unsqueeze(1))
+        h_lang, c_lang = ts.lstm_cell(self.lang_lstm, torch.cat([attended, h_att], dim=1), (h_lang, c_lang))
+        return StepCore(h_lang.unsqueeze(1), (h_att, c_att, h_lang, c_lang), alpha.unsqueeze(1),
+                        h_lang.unsqueeze(1))
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        return ts.linear(self.logit, self.dropout(out))

@@ -24,10 +24,8 @@ class CrossEntropy(Objective):
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         # encode each image once, then one row per gold caption (5x less encoder work on COCO)
         ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
-        logprobs = model.teacher_forcing(ctx, batch.labels)  # [M, S, T+1, V]
-        targets = gold_targets(batch.labels)
+        nll = -model.token_logprobs(ctx, batch.labels)  # [M, S, T+1]
         mask = token_mask(batch.labels)
-        nll = -logprobs.gather(-1, targets[:, None, :, None].expand(-1, logprobs.shape[1], -1, 1)).squeeze(-1)
         per_stage = torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
         metrics = {f"xe_stage{s}": float(v) for s, v in enumerate(per_stage.detach())} if len(per_stage) > 1 else {}
         metrics["xe"] = float(per_stage[-1].detach())

@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -22,9 +22,11 @@ from tqdm import tqdm
 
 from caprl import checkpoint, decoding
 from caprl.errors import CaprlError
-from caprl.models import CaptionModel
+from caprl.models import CaptionModel, timeshared
 from caprl.objectives import Objective
+from caprl.data.batch import Batch
 from caprl.data.loader import CaptionData
+from caprl.data.prefetch import Prefetcher
 from caprl.training.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ class LoopConfig:
     log_every: int
     max_length: int
     seed: int
+    amp: str = "none"  # "bf16": the loss under bfloat16 autocast (weights, optimiser and rewards stay float32)
+    prefetch: int = 2  # batches read ahead by a background thread
 
 
 @dataclass
@@ -93,6 +97,14 @@ class LossModule(torch.nn.Module):
         return self.objective.loss(self.model, batch)
 
 
+def _fused_adam(groups: list[dict[str, Any]], device: torch.device) -> bool | None:
+    """Adam's fused kernel where torch has one for these parameters (float32 on CPU and CUDA)."""
+    params = [p for g in groups for p in g["params"]]
+    ok = device.type in ("cpu", "cuda") and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                                                 for p in params)
+    return True if ok else None
+
+
 def epoch_order(image_ids: list[int], seed: int, epoch: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
     return [image_ids[i] for i in torch.randperm(len(image_ids), generator=gen).tolist()]
@@ -122,7 +134,9 @@ class Trainer:
         self.loss_fn: torch.nn.Module = LossModule(self.model, objective).to(self.dist.device)
         self.modules: dict[str, torch.nn.Module] = {checkpoint.MODEL: model, **objective.modules_to_save()}
         groups = objective.param_groups(model)
-        self.optimizer = torch.optim.Adam(groups)  # torch keeps each group's "name" in its state
+        # one fused kernel per step instead of a loop over parameters (torch keeps each group's
+        # "name" in its state)
+        self.optimizer = torch.optim.Adam(groups, fused=_fused_adam(groups, self.dist.device))
         self.clipped = [g["params"] for g in groups]  # each module clipped on its own
         self.pos = Position()
         self.stop = StopFlag()
@@ -203,9 +217,9 @@ class Trainer:
             started = time.time()
             bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
                        leave=False, mininterval=2.0, disable=None if self.dist.main else True)
-            while self.pos.batch < n_batches:
-                ids = order[self.pos.batch * cfg.batch_size : (self.pos.batch + 1) * cfg.batch_size]
-                metrics = self._step(ids)
+            todo = [order[b * cfg.batch_size : (b + 1) * cfg.batch_size] for b in range(self.pos.batch, n_batches)]
+            for ids, loaded in self.batches(todo):
+                metrics = self.step(ids, loaded)
                 self.pos.epoch_losses.append(metrics["loss"])
                 self.pos.batch += 1
                 self.pos.step += 1
@@ -221,15 +235,29 @@ class Trainer:
             self._end_epoch(list(self.pos.epoch_losses), time.time() - started)
         return self.pos
 
-    def _step(self, image_ids: list[int]) -> dict[str, float]:
-        """One optimiser step on a global batch; each process takes its block of images."""
+    def batches(self, global_batches: list[list[int]]) -> Iterator[tuple[list[int], tuple[Batch, int]]]:
+        """``(global ids, (this process's batch on the device, its offset))`` per batch, read ahead."""
+        with Prefetcher(self._load, global_batches, depth=self.config.prefetch) as loaded:
+            yield from loaded
+
+    def _load(self, image_ids: list[int]) -> tuple[Batch, int]:
+        local, offset = self.dist.shard(image_ids)  # each process reads only its block of images
+        batch = self.data.batch(local)
+        if self.dist.device.type == "cuda":
+            return batch.pin().to(self.dist.device, non_blocking=True), offset
+        return batch, offset
+
+    def step(self, image_ids: list[int], loaded: tuple[Batch, int]) -> dict[str, float]:
+        """One optimiser step on a global batch (``loaded``: this process's block, from :meth:`batches`)."""
         self.loss_fn.train()
-        local, offset = self.dist.shard(image_ids)
-        batch = self.data.batch(local).to(self.dist.device)
+        timeshared.reset(self.loss_fn)
+        batch, offset = loaded
         batch.noise = decoding.Noise(self.config.seed, self.pos.step, total=len(image_ids), offset=offset)
-        loss, metrics = self.loss_fn(batch)
+        with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
+            loss, metrics = self.loss_fn(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        timeshared.check(self.loss_fn)
         if self.config.grad_clip > 0:
             for params in self.clipped:
                 torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)

@@ -27,7 +27,7 @@ from caprl.rewards import (build_configured_reward, build_reward, compute_docume
 from caprl.seeding import seed_everything
 from caprl.tracking import Tracker
 from caprl.training import distributed
-from caprl.data.loader import CaptionData, add_data_arguments
+from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.training.distributed import Dist
 from caprl.training.loop import LoopConfig, RunMeta, Trainer, greedy_captions
 
@@ -125,7 +125,8 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     t = params["train"]
     loop = LoopConfig(epochs=objective.options.epochs, lr=objective.options.lr, batch_size=t["batch_size"],
                       grad_clip=t["grad_clip"], checkpoint_every=t["checkpoint_every"], log_every=t["log_every"],
-                      max_length=params["decode"]["max_length"], seed=params["seed"])
+                      max_length=params["decode"]["max_length"], seed=params["seed"], amp=t["amp"],
+                      prefetch=params["loading"]["prefetch"])
     run_record = {"name": run, "dataset": dataset, "method": spec.method, "model": spec.model,
                   "options": dict(spec.options), "init": dict(spec.init)}
     reward_name = spec.options.get("reward")
@@ -173,7 +174,7 @@ def run_process(args: argparse.Namespace) -> None:
     dist = distributed.from_environment()
     if dist.world != params["train"]["gpus"]:
         log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
-    data = CaptionData.from_args(args)
+    data = CaptionData.from_args(args, Loading.from_params(params))
     state_dir = Path(args.state_dir)
     best, history = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist)
     if not dist.main:

@@ -1,0 +1,251 @@
+"""Layers applied at every step of a decode, with their weight gradients computed once.
+
+A recurrent model applies the same weights at each of its ~17 steps. Autograd computes the
+weight's gradient at every use and adds it to the others: per step, a ``[4H, D]`` product
+whose inner size is only the batch (slow) and a full-size add. Here every use's backward
+computes the gradient of its input as usual but only *records* its ``(dY, X)``; the use
+whose backward runs last (no use of this weight is pending any more) computes the weight's
+gradient of all uses as ONE product over every recorded row and returns it. Autograd, DDP's
+hooks and the optimiser see one gradient per weight, the sum of the same terms.
+
+Only layers inside a model's ``core`` go through here: every use there feeds the step's
+hidden state, so every recorded use is reached by the backward of any loss built on the
+decode. A use whose backward never runs would hold the gradient back: :func:`check` (run by
+the trainer after each backward) turns that into an error instead of a silent zero, and
+:func:`reset` (before each step) drops uses left by a graph that was never back-propagated.
+Under ``torch.no_grad`` or for frozen weights these are the plain functional calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from caprl.errors import CaprlError
+
+_ENABLED = True
+_OPTIMISER_STEPS = 0  # bumped after any optimiser's step: fused optimisers update the weights
+                      # in place without bumping their version counters, so the cache keys on both
+
+
+def _count_optimiser_step(*_: Any) -> None:
+    global _OPTIMISER_STEPS
+    _OPTIMISER_STEPS += 1
+
+
+register_optimizer_step_post_hook(_count_optimiser_step)
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Plain autograd for every layer (the reference the tests compare against)."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, False
+    try:
+        yield
+    finally:
+        _ENABLED = before
+
+
+def enabled() -> bool:
+    """False inside :func:`disabled`: layers run as plain autograd (the memory-lean attention too)."""
+    return _ENABLED
+
+
+class Tape:
+    """The recorded uses of one weight since its last gradient was delivered."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.grads: list[torch.Tensor] = []
+        self.inputs: list[torch.Tensor] = []
+        self.fused = _Fused()
+
+    def clear(self) -> None:
+        self.pending = 0
+        self.grads, self.inputs = [], []
+
+
+def tape(module: nn.Module, name: str) -> Tape:
+    """The tape of ``module``'s ``name`` (made on first use)."""
+    tapes = module.__dict__.setdefault("_caprl_tapes", {})
+    if name not in tapes:
+        tapes[name] = Tape()
+    return tapes[name]
+
+
+Part = tuple[nn.Module, str, "slice | None"]  # (module, weight name, its columns; None: all)
+
+
+class _Fused:
+    """The weight ``[W_1[:, cols_1] | W_2[:, cols_2] | ...]`` and the summed biases, made again
+    whenever a parameter may have changed: new storage, an in-place write (its version
+    counter), or any optimiser step since (fused optimisers leave the counter alone)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] = ()
+        self.weight = self.bias = torch.empty(0)
+
+    def get(self, parts: tuple[Part, ...], biases: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weights = [getattr(m, name) for m, name, _ in parts]
+        key = (_OPTIMISER_STEPS, *((t.data_ptr(), t._version, t.dtype) for t in (*weights, *biases)))
+        if key != self.key:
+            with torch.no_grad():
+                self.weight = torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)],
+                                        dim=1)
+                self.bias = torch.stack(biases).sum(0) if biases else None
+            self.key = key
+        return self.weight, self.bias
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tape: Tape, parts: tuple[Part, ...], n_weights: int,
+                *params: torch.Tensor) -> torch.Tensor:
+        weight, bias = tape.fused.get(parts, params[n_weights:])
+        ctx.save_for_backward(x)
+        ctx.tape, ctx.parts, ctx.params, ctx.n_weights = tape, parts, params, n_weights
+        ctx.weight = weight
+        tape.pending += 1
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        (x,) = ctx.saved_tensors  # under autocast dy may be bfloat16: products in dy's dtype
+        tape: Tape = ctx.tape
+        dy2 = dy.reshape(-1, dy.shape[-1])  # any leading dimensions, as F.linear
+        dx = dy2.mm(ctx.weight.to(dy.dtype)).to(x.dtype).view(x.shape) if ctx.needs_input_grad[0] else None
+        tape.grads.append(dy2)
+        tape.inputs.append(x.reshape(-1, x.shape[-1]).to(dy.dtype))
+        tape.pending -= 1
+        none = (None,) * (3 + len(ctx.params))
+        if tape.pending > 0:
+            return (dx, *none)
+        dys = torch.cat(tape.grads)
+        dw = dys.t().mm(torch.cat(tape.inputs))  # [out, sum of the parts' columns]
+        tape.clear()
+        grads: list[torch.Tensor | None] = []
+        col = 0
+        for (module, name, cols), param in zip(ctx.parts, ctx.params):
+            width = param.shape[1] if cols is None else len(range(*cols.indices(param.shape[1])))
+            piece = dw[:, col : col + width].to(param.dtype)
+            col += width
+            if cols is None:
+                grads.append(piece)
+            else:
+                full = torch.zeros_like(param)
+                full[:, cols] = piece
+                grads.append(full)
+        db = dys.sum(0)
+        grads += [db.to(b.dtype) for b in ctx.params[ctx.n_weights:]]
+        return (dx, None, None, None, *grads)
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, words: torch.Tensor, weight: torch.Tensor, tape: Tape) -> torch.Tensor:
+        ctx.tape, ctx.rows = tape, weight.shape[0]
+        ctx.save_for_backward(words)
+        tape.pending += 1
+        return F.embedding(words, weight)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        (words,) = ctx.saved_tensors
+        tape: Tape = ctx.tape
+        tape.grads.append(dy.reshape(-1, dy.shape[-1]))
+        tape.inputs.append(words.reshape(-1))
+        tape.pending -= 1
+        if tape.pending > 0:
+            return None, None, None
+        dys = torch.cat(tape.grads).float()
+        dw = dys.new_zeros(ctx.rows, dys.shape[1]).index_add_(0, torch.cat(tape.inputs), dys)
+        tape.clear()
+        return None, dw, None
+
+
+def _recorded(x: torch.Tensor | None, weight: torch.Tensor) -> bool:
+    return _ENABLED and torch.is_grad_enabled() and weight.requires_grad
+
+
+def fused_linear(x: torch.Tensor, parts: tuple[Part, ...], biases: tuple[tuple[nn.Module, str], ...] = (),
+                 key: tuple[nn.Module, str] | None = None) -> torch.Tensor:
+    """One product for several linear maps whose inputs are concatenated in ``x`` (2-d):
+    ``x @ [W_1[:, cols_1] | W_2[:, cols_2] | ...]^T + sum of the biases``. The joined weight
+    is cached until the parameters change; with gradients, the weights' gradients are taped
+    (under ``key``, default the first part's module and weight name)."""
+    weights = tuple(getattr(m, name) for m, name, _ in parts)
+    bias_tensors = tuple(getattr(m, name) for m, name in biases)
+    module, name = key or (parts[0][0], parts[0][1])
+    taped = tape(module, name)
+    if _ENABLED and torch.is_grad_enabled() and all(p.requires_grad for p in (*weights, *bias_tensors)):
+        return _Linear.apply(x, taped, parts, len(weights), *weights, *bias_tensors)
+    if not _ENABLED and torch.is_grad_enabled():  # plain autograd: the reference
+        joined = torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)], dim=1)
+        return F.linear(x, joined, sum(bias_tensors) if bias_tensors else None)
+    weight, bias = taped.fused.get(parts, bias_tensors)  # no gradient to the weights: the cached joined weight
+    return F.linear(x, weight, bias)
+
+
+def linear(module: nn.Module, x: torch.Tensor, weight: str = "weight", bias: str | None = "bias") -> torch.Tensor:
+    """``F.linear(x, module.<weight>, module.<bias>)``, its weight gradient taped."""
+    w = getattr(module, weight)
+    b = getattr(module, bias) if bias is not None else None
+    if not (_ENABLED and torch.is_grad_enabled() and w.requires_grad and (b is None or b.requires_grad)):
+        return F.linear(x, w, b)
+    return _Linear.apply(x, tape(module, weight), ((module, weight, None),), 1, w, *((b,) if b is not None else ()))
+
+
+def embedding(module: nn.Embedding, words: torch.Tensor) -> torch.Tensor:
+    """``module(words)``, its weight gradient taped (no padding index, no max_norm)."""
+    if not _recorded(None, module.weight) or module.padding_idx is not None or module.max_norm is not None:
+        return module(words)
+    return _Embedding.apply(words, module.weight, tape(module, "weight"))
+
+
+def lstm_cell(cell: nn.LSTMCell, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+              gates: torch.Tensor | None = None, columns: tuple[slice, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``cell`` (torch's gate order i, f, g, o) as ONE product of ``[x, h]`` with
+    ``[W_ih | W_hh]``, weights taped. ``columns``: the columns of ``W_ih`` that ``x`` feeds (the
+    rest of the input's projection is in ``gates``, added to the pre-activations: a part of
+    the input that is the same at every step, projected once per image)."""
+    h, c = state
+    if type(cell) is not nn.LSTMCell:  # a replaced cell (a wrapper, another recurrence): its own forward
+        if gates is not None or columns:
+            raise TypeError(f"{type(cell).__name__}: a split input needs a torch nn.LSTMCell")
+        return cell(x, state)
+    ih = tuple((cell, "weight_ih", cols) for cols in columns) if columns else ((cell, "weight_ih", None),)
+    pre = fused_linear(torch.cat([x, h], dim=1), (*ih, (cell, "weight_hh", None)),
+                       ((cell, "bias_ih"), (cell, "bias_hh")))
+    if gates is not None:
+        pre = pre + gates
+    i, f, g, o = pre.chunk(4, dim=1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _tapes(root: nn.Module) -> Iterator[tuple[str, Tape]]:
+    for name, module in root.named_modules():
+        for weight, tape in module.__dict__.get("_caprl_tapes", {}).items():
+            yield f"{name}.{weight}" if name else weight, tape
+
+
+def reset(root: nn.Module) -> None:
+    """Forget uses whose graph was dropped without a backward (call before a training step)."""
+    for _, tape in _tapes(root):
+        tape.clear()
+
+
+def check(root: nn.Module) -> None:
+    """After a backward: every taped use must have been reached, or a gradient is missing."""
+    stuck = [name for name, tape in _tapes(root) if tape.pending]
+    if stuck:
+        raise CaprlError(
+            f"the gradients of {', '.join(stuck)} were not delivered: a decode step ran with gradients "
+            "enabled but its outputs do not reach the loss. Run decodes whose results are not trained "
+            "on under torch.no_grad()")
