@@ -58,7 +58,7 @@ def coco_images(path: Path) -> list[tuple[int, list[str]]]:
     return [(i, caps[i][:PER_IMAGE]) for i in sorted(caps) if len(caps[i]) >= PER_IMAGE]
 
 
-def build_data(workdir: Path, n_images: int | None = None, seed: int = 0) -> dict[str, str]:
+def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captions: Path = CAPTIONS) -> dict[str, str]:
     """Annotations, vocabulary, labels and features files for ``n_images`` images (default: the
     5k val images); more images than that reuse the captions cyclically under new ids."""
     from caprl import io
@@ -75,7 +75,7 @@ def build_data(workdir: Path, n_images: int | None = None, seed: int = 0) -> dic
     if all(Path(p).exists() for p in paths.values()):
         return paths
     workdir.mkdir(parents=True, exist_ok=True)
-    base = coco_images(CAPTIONS)
+    base = coco_images(captions)
     n = n_images or len(base)
     n_train = min(N_TRAIN, n - n // 10) if n_images else N_TRAIN
     images = [{"cocoid": k + 1, "filename": f"{k + 1}.jpg", "split": "train" if k < n_train else "val",
@@ -182,6 +182,7 @@ def main() -> None:
                         help="images in the features files of the RSS table (none: skip it)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the data is built (kept; default: temp)")
     parser.add_argument("--json", type=Path, default=None, help="write the step-time rows as JSON")
+    parser.add_argument("--captions", type=Path, default=CAPTIONS, help="COCO-format captions (default: %(default)s)")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     parser.add_argument("--in-memory", action="store_true", help=argparse.SUPPRESS)
@@ -193,7 +194,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = args.workdir or Path(tmp)
-        paths = build_data(root / "coco5k")
+        paths = build_data(root / "coco5k", captions=args.captions)
         rows = [in_process(args, paths, c, b) for c in args.configs for b in args.batches]
         print(f"\nms per optimiser step ({args.device}, amp {args.amp}, {args.threads} torch thread(s), "
               f"{args.steps} steps after {args.warmup} warm-up; features read from disk)")
@@ -204,7 +205,7 @@ def main() -> None:
         if args.rss_sizes:
             sized = []
             for n in args.rss_sizes:
-                sized_paths = build_data(root / f"size{n}", n_images=n, seed=1)
+                sized_paths = build_data(root / f"size{n}", n_images=n, seed=1, captions=args.captions)
                 on_disk = Path(sized_paths["features"]).stat().st_size / 2**20
                 row = in_process(args, sized_paths, "scst-topdown", 50)
                 sized.append({**row, "features_mib": round(on_disk, 1), "mode": "from disk"})
