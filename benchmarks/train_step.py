@@ -14,8 +14,9 @@ Each configuration runs in a fresh process (so its peak RSS is its own), through
 ``Trainer`` step (batch read + prefetch, loss, backward, clipping, Adam): XE, and SCST
 with 5 samples per image, the greedy caption as baseline and the CIDEr-D reward, for the
 ``fc`` and ``topdown`` models at hidden/embedding/attention 512, dropout 0.5. Reported:
-median / min / max ms per step over ``--steps`` steps after ``--warmup``, images per
-second, and the process's peak RSS. The second table trains SCST Top-Down on features
+median / min / max ms per step over ``--steps`` steps after ``--warmup`` (a step's time
+runs from the end of the previous step, so waiting for the next batch counts; the median
+wait is shown too), images per second, and the process's peak RSS. The second table trains SCST Top-Down on features
 files of several sizes, to show that the RSS does not grow with the dataset.
 """
 
@@ -130,19 +131,22 @@ def run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmu
                           Dist(device=torch.device(device)))
         order = epoch_order(data.split_ids("train"), 0, 0)
         batches = [order[(k * batch) % len(order):][:batch] for k in range(warmup + steps)]
-        times = []
+        times, waits = [], []
         sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        done = time.perf_counter()  # a step's time runs from the end of the previous one: waiting for data counts
         for k, (ids, loaded) in enumerate(trainer.batches(batches)):
             sync()
-            started = time.perf_counter()
+            waited = time.perf_counter() - done
             trainer.step(ids, loaded)
             sync()
             if k >= warmup:
-                times.append(time.perf_counter() - started)
+                times.append(time.perf_counter() - done)
+                waits.append(waited)
+            done = time.perf_counter()
     ms = [1000 * t for t in times]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"config": config, "batch": batch, "median_ms": round(statistics.median(ms), 1), "min_ms": round(min(ms), 1),
-           "max_ms": round(max(ms), 1), "images_per_s": round(1000 * batch / statistics.median(ms), 1),
+           "max_ms": round(max(ms), 1), "data_wait_ms": round(1000 * statistics.median(waits), 1), "images_per_s": round(1000 * batch / statistics.median(ms), 1),
            "peak_rss_mib": round(peak, 1), "steps": len(ms), "device": device, "amp": amp,
            "in_memory": in_memory, "images": len(data.split_ids("train")) + len(data.split_ids("val"))}
     if device.startswith("cuda"):
@@ -199,7 +203,8 @@ def main() -> None:
         print(f"\nms per optimiser step ({args.device}, amp {args.amp}, {args.threads} torch thread(s), "
               f"{args.steps} steps after {args.warmup} warm-up; features read from disk)")
         print(table(rows, [("config", "config"), ("batch", "batch"), ("median_ms", "median ms"), ("min_ms", "min ms"),
-                           ("max_ms", "max ms"), ("images_per_s", "images/s"), ("peak_rss_mib", "peak RSS MiB")]))
+                           ("max_ms", "max ms"), ("data_wait_ms", "of which data wait"), ("images_per_s", "images/s"),
+                           ("peak_rss_mib", "peak RSS MiB")]))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         if args.rss_sizes:

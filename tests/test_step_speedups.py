@@ -135,6 +135,7 @@ def test_lstm_step_equals_torch_lstm_cell(grad: bool) -> None:
     reference = cell(x, (h, c))
     with torch.set_grad_enabled(grad):
         plain = timeshared.lstm_cell(cell, x, (h, c))
+        timeshared.reset(cell)  # a tape records one layout at a time
         # the input split: columns 4:8 projected apart (as Top-Down does with the mean feature)
         gates = torch.nn.functional.linear(x[:, 4:8], cell.weight_ih[:, 4:8])
         split = timeshared.lstm_cell(cell, torch.cat([x[:, :4], x[:, 8:]], dim=1), (h, c), gates=gates,

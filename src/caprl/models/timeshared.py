@@ -57,18 +57,52 @@ def enabled() -> bool:
     return _ENABLED
 
 
+FLUSH_ROWS = 1024  # recorded rows folded into a weight's gradient at a time
+
+
 class Tape:
     """The recorded uses of one weight since its last gradient was delivered."""
 
     def __init__(self) -> None:
-        self.pending = 0
-        self.grads: list[torch.Tensor] = []
-        self.inputs: list[torch.Tensor] = []
+        self.parts: tuple[Any, ...] = ()
         self.fused = _Fused()
+        self.clear()
 
     def clear(self) -> None:
         self.pending = 0
         self.grads, self.inputs = [], []
+        self.rows = 0
+        self.total: torch.Tensor | None = None
+        self.bias_grad: torch.Tensor | None = None
+
+    def record(self, grad: torch.Tensor, inputs: torch.Tensor, accumulate: Any,
+               shape: tuple[int, ...] | None = None) -> None:
+        """Keep one use's rows; every :data:`FLUSH_ROWS` rows, fold them into the running total
+        with one product (large enough to run near the machine's peak, small enough that the
+        joined rows stay cheap to copy)."""
+        self.grads.append(grad)
+        self.inputs.append(inputs)
+        self.rows += grad.shape[0]
+        if self.rows >= FLUSH_ROWS:
+            self.flush(accumulate, shape)
+
+    def flush(self, accumulate: Any, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Fold the kept rows into the total and return it: ``accumulate(grads, inputs, total)``."""
+        if self.grads:
+            grads = self.grads[0] if len(self.grads) == 1 else torch.cat(self.grads)
+            inputs = self.inputs[0] if len(self.inputs) == 1 else torch.cat(self.inputs)
+            if self.total is None:
+                rows = shape or (grads.shape[1], inputs.shape[1])
+                wide = torch.promote_types(grads.dtype, torch.float32)  # bf16 rows summed in float32
+                self.total = grads.new_zeros(rows, dtype=wide)
+                self.bias_grad = grads.new_zeros(grads.shape[1], dtype=wide)
+            accumulate(grads, inputs, self.total)
+            assert self.bias_grad is not None
+            if shape is None:
+                self.bias_grad += grads.sum(0, dtype=self.bias_grad.dtype)
+            self.grads, self.inputs, self.rows = [], [], 0
+        assert self.total is not None
+        return self.total
 
 
 def tape(module: nn.Module, name: str) -> Tape:
@@ -93,7 +127,7 @@ class _Fused:
 
     def get(self, parts: tuple[Part, ...], biases: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
         weights = [getattr(m, name) for m, name, _ in parts]
-        key = (_OPTIMISER_STEPS, *((t.data_ptr(), t._version, t.dtype) for t in (*weights, *biases)))
+        key = (_OPTIMISER_STEPS, parts, *((t.data_ptr(), t._version, t.dtype) for t in (*weights, *biases)))
         if key != self.key:
             with torch.no_grad():
                 self.weight = torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)],
@@ -103,10 +137,18 @@ class _Fused:
         return self.weight, self.bias
 
 
+def _add_product(grads: torch.Tensor, inputs: torch.Tensor, total: torch.Tensor) -> None:
+    total.addmm_(grads.t().to(total.dtype), inputs.to(total.dtype))
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, tape: Tape, parts: tuple[Part, ...], n_weights: int,
                 *params: torch.Tensor) -> torch.Tensor:
+        if tape.pending == 0:
+            tape.parts = parts
+        elif tape.parts != parts:  # the recorded rows of all uses must have one layout
+            raise RuntimeError(f"timeshared tape used with two layouts: {tape.parts} and {parts}")
         weight, bias = tape.fused.get(parts, params[n_weights:])
         ctx.save_for_backward(x)
         ctx.tape, ctx.parts, ctx.params, ctx.n_weights = tape, parts, params, n_weights
@@ -120,14 +162,13 @@ class _Linear(torch.autograd.Function):
         tape: Tape = ctx.tape
         dy2 = dy.reshape(-1, dy.shape[-1])  # any leading dimensions, as F.linear
         dx = dy2.mm(ctx.weight.to(dy.dtype)).to(x.dtype).view(x.shape) if ctx.needs_input_grad[0] else None
-        tape.grads.append(dy2)
-        tape.inputs.append(x.reshape(-1, x.shape[-1]).to(dy.dtype))
+        tape.record(dy2, x.reshape(-1, x.shape[-1]).to(dy.dtype), _add_product)
         tape.pending -= 1
         none = (None,) * (3 + len(ctx.params))
         if tape.pending > 0:
             return (dx, *none)
-        dys = torch.cat(tape.grads)
-        dw = dys.t().mm(torch.cat(tape.inputs))  # [out, sum of the parts' columns]
+        dw = tape.flush(_add_product)  # [out, sum of the parts' columns]
+        db = tape.bias_grad
         tape.clear()
         grads: list[torch.Tensor | None] = []
         col = 0
@@ -141,7 +182,6 @@ class _Linear(torch.autograd.Function):
                 full = torch.zeros_like(param)
                 full[:, cols] = piece
                 grads.append(full)
-        db = dys.sum(0)
         grads += [db.to(b.dtype) for b in ctx.params[ctx.n_weights:]]
         return (dx, None, None, None, *grads)
 
@@ -158,13 +198,12 @@ class _Embedding(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         (words,) = ctx.saved_tensors
         tape: Tape = ctx.tape
-        tape.grads.append(dy.reshape(-1, dy.shape[-1]))
-        tape.inputs.append(words.reshape(-1))
+        add = lambda g, i, acc: acc.index_add_(0, i, g.to(acc.dtype))  # noqa: E731
+        tape.record(dy.reshape(-1, dy.shape[-1]), words.reshape(-1), add, shape=(ctx.rows, dy.shape[-1]))
         tape.pending -= 1
         if tape.pending > 0:
             return None, None, None
-        dys = torch.cat(tape.grads).float()
-        dw = dys.new_zeros(ctx.rows, dys.shape[1]).index_add_(0, torch.cat(tape.inputs), dys)
+        dw = tape.flush(add, shape=(ctx.rows, dy.shape[-1]))
         tape.clear()
         return None, dw, None
 
