@@ -34,6 +34,14 @@ RUNS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def tape_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny test models are taped too (caprl.models.timeshared), to run the tapes on the GPU."""
+    from caprl.models import timeshared
+
+    monkeypatch.setattr(timeshared, "MIN_TAPED", 0)
+
+
 @pytest.fixture(scope="module")
 def gpu_data(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("gpu")

@@ -28,6 +28,12 @@ from caprl.objectives import ObjectiveEnv, build_objective
 from caprl.objectives.xe import gold_targets, token_mask
 
 ARCHS = sorted(name for name, _ in MODELS.items())
+
+
+@pytest.fixture(autouse=True)
+def tape_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These models are tiny: tape them anyway (by default only layers of >= MIN_TAPED elements are)."""
+    monkeypatch.setattr(timeshared, "MIN_TAPED", 0)
 VOCAB, FEAT, REGIONS = 30, 8, 4
 
 
@@ -110,7 +116,7 @@ def test_taped_gradients_equal_plain_autograd(arch: str, kind: str) -> None:
     taped_loss, taped = _grads(model, loss)
     with timeshared.disabled():
         plain_loss, plain = _grads(model, loss)
-    assert taped_loss == pytest.approx(plain_loss, abs=1e-6)
+    assert taped_loss == pytest.approx(plain_loss, rel=1e-6)
     assert taped.keys() == plain.keys() == {n for n, _ in model.named_parameters()}
     for name in plain:
         torch.testing.assert_close(taped[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
@@ -158,6 +164,16 @@ def test_joined_weight_follows_optimiser_updates() -> None:
         after = timeshared.lstm_cell(cell, x, state)[0]
         torch.testing.assert_close(after, cell(x, state)[0], rtol=0, atol=1e-6)
     assert not torch.allclose(before, after)
+
+
+def test_only_large_layers_are_taped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeshared, "MIN_TAPED", 1 << 18)
+    small, large = nn.Linear(64, 64), nn.Linear(1024, 512)
+    assert not timeshared.taped(*small.parameters()) and timeshared.taped(*large.parameters())
+    with torch.no_grad():
+        assert not timeshared.taped(*large.parameters())
+    large.weight.requires_grad_(False)
+    assert not timeshared.taped(*large.parameters())
 
 
 def test_a_use_that_never_reaches_the_loss_is_an_error() -> None:

@@ -91,7 +91,7 @@ def _tanh_sum(keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 def additive_scores(keys: torch.Tensor, query: torch.Tensor, score: nn.Linear) -> torch.Tensor:
     """``score(tanh(keys + query[:, None]))`` squeezed to ``[B, R]`` (``score``: a Linear to 1),
     without keeping the ``[B, R, A]`` activation for the backward."""
-    if not ts.enabled():  # plain autograd: the reference
+    if not ts.enabled() or keys.numel() < ts.MIN_TAPED:  # plain autograd (the reference; small sizes)
         return score(torch.tanh(keys + query.unsqueeze(1))).squeeze(-1)
     taped = torch.is_grad_enabled() and keys.requires_grad
     return _AdditiveScores.apply(keys, query, score.weight[0], score.bias, ts.tape(score, "keys") if taped else None)

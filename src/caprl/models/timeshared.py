@@ -58,6 +58,7 @@ def enabled() -> bool:
 
 
 FLUSH_ROWS = 1024  # recorded rows folded into a weight's gradient at a time
+MIN_TAPED = 1 << 18  # elements (1 MiB of float32): smaller layers gain less than a tape's Python costs
 
 
 class Tape:
@@ -208,8 +209,12 @@ class _Embedding(torch.autograd.Function):
         return None, dw, None
 
 
-def _recorded(x: torch.Tensor | None, weight: torch.Tensor) -> bool:
-    return _ENABLED and torch.is_grad_enabled() and weight.requires_grad
+def taped(*tensors: torch.Tensor) -> bool:
+    """Whether uses of these trainable tensors go through a tape: gradients on, all of them
+    trainable, and large enough (:data:`MIN_TAPED` elements) for one product per backward
+    to beat autograd's per-use ones; small layers keep torch's own kernels."""
+    return (_ENABLED and torch.is_grad_enabled() and all(t.requires_grad for t in tensors)
+            and sum(t.numel() for t in tensors) >= MIN_TAPED)
 
 
 def fused_linear(x: torch.Tensor, parts: tuple[Part, ...], biases: tuple[tuple[nn.Module, str], ...] = (),
@@ -221,13 +226,13 @@ def fused_linear(x: torch.Tensor, parts: tuple[Part, ...], biases: tuple[tuple[n
     weights = tuple(getattr(m, name) for m, name, _ in parts)
     bias_tensors = tuple(getattr(m, name) for m, name in biases)
     module, name = key or (parts[0][0], parts[0][1])
-    taped = tape(module, name)
-    if _ENABLED and torch.is_grad_enabled() and all(p.requires_grad for p in (*weights, *bias_tensors)):
-        return _Linear.apply(x, taped, parts, len(weights), *weights, *bias_tensors)
-    if not _ENABLED and torch.is_grad_enabled():  # plain autograd: the reference
+    recorded = tape(module, name)
+    if taped(*weights, *bias_tensors):
+        return _Linear.apply(x, recorded, parts, len(weights), *weights, *bias_tensors)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*weights, *bias_tensors)):  # plain autograd
         joined = torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)], dim=1)
         return F.linear(x, joined, sum(bias_tensors) if bias_tensors else None)
-    weight, bias = taped.fused.get(parts, bias_tensors)  # no gradient to the weights: the cached joined weight
+    weight, bias = recorded.fused.get(parts, bias_tensors)  # no gradient to the weights: the cached joined weight
     return F.linear(x, weight, bias)
 
 
@@ -235,14 +240,14 @@ def linear(module: nn.Module, x: torch.Tensor, weight: str = "weight", bias: str
     """``F.linear(x, module.<weight>, module.<bias>)``, its weight gradient taped."""
     w = getattr(module, weight)
     b = getattr(module, bias) if bias is not None else None
-    if not (_ENABLED and torch.is_grad_enabled() and w.requires_grad and (b is None or b.requires_grad)):
+    if not taped(w, *((b,) if b is not None else ())):
         return F.linear(x, w, b)
     return _Linear.apply(x, tape(module, weight), ((module, weight, None),), 1, w, *((b,) if b is not None else ()))
 
 
 def embedding(module: nn.Embedding, words: torch.Tensor) -> torch.Tensor:
     """``module(words)``, its weight gradient taped (no padding index, no max_norm)."""
-    if not _recorded(None, module.weight) or module.padding_idx is not None or module.max_norm is not None:
+    if not taped(module.weight) or module.padding_idx is not None or module.max_norm is not None:
         return module(words)
     return _Embedding.apply(words, module.weight, tape(module, "weight"))
 
@@ -258,6 +263,8 @@ def lstm_cell(cell: nn.LSTMCell, x: torch.Tensor, state: tuple[torch.Tensor, tor
         if gates is not None or columns:
             raise TypeError(f"{type(cell).__name__}: a split input needs a torch nn.LSTMCell")
         return cell(x, state)
+    if gates is None and not columns and sum(p.numel() for p in cell.parameters()) < MIN_TAPED:
+        return cell(x, state)  # a small cell: torch's own kernel is faster than one product and the gates here
     ih = tuple((cell, "weight_ih", cols) for cols in columns) if columns else ((cell, "weight_ih", None),)
     pre = fused_linear(torch.cat([x, h], dim=1), (*ih, (cell, "weight_hh", None)),
                        ((cell, "bias_ih"), (cell, "bias_hh")))
