@@ -227,13 +227,13 @@ class Features:
                 if hit is not None:
                     found[row] = hit
             missing = sorted({int(r) for r in rows} - found.keys())
-            if missing:  # one read of the rows not cached (h5py wants increasing indices)
+            if missing:
+                # row by row, in file order: h5py's list indexing is ~30x slower for these batches
                 h5 = self._file()
-                read_pooled, read_regions = h5["pooled"][missing], h5["regions"][missing]
-                for k, row in enumerate(missing):
-                    found[row] = (read_pooled[k], read_regions[k])
-                    if self._cache.capacity:  # a copy: a view would keep the whole batch array alive
-                        self._cache.put(row, (read_pooled[k].copy(), read_regions[k].copy()))
+                pooled_ds, regions_ds = h5["pooled"], h5["regions"]
+                for row in missing:
+                    found[row] = (pooled_ds[row], regions_ds[row])
+                    self._cache.put(row, found[row])
             for k, row in enumerate(rows):
                 pooled[k], regions[k] = found[int(row)]
         return torch.from_numpy(pooled), torch.from_numpy(regions)
