@@ -69,14 +69,21 @@ def _train(params: dict[str, Any], data: Any, run: str, state: Path, inits: dict
     return run_mod.train(params, DATASET, run, loaded, str(data.cider_df), inits, state, dist)[0]
 
 
-def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: Any, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import checkpoint, params as params_mod
+def _params(gpu_data: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Any]]:
+    """The dataset and its params.yaml, with MLflow and the working directory of the dataset."""
+    from caprl import params as params_mod
 
     data, env = gpu_data
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     monkeypatch.chdir(data.workdir)
-    params = params_mod.load(data.params)
+    return data, params_mod.load(data.params)
+
+
+def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: Any, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from caprl import checkpoint
+
+    data, params = _params(gpu_data, monkeypatch)
     best: dict[str, Path] = {}
     for run, spec in RUNS.items():
         inits = {role: str(best[source]) for role, source in spec.get("init", {}).items()}
@@ -93,12 +100,9 @@ def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: An
 
 def test_bf16_autocast_trains_and_resumes_bit_identically(gpu_data: Any, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import checkpoint, params as params_mod
+    from caprl import checkpoint
 
-    data, env = gpu_data
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
-    monkeypatch.chdir(data.workdir)
-    params = params_mod.load(data.params)
+    data, params = _params(gpu_data, monkeypatch)
     params["train"]["amp"] = "bf16"
     params["runs"] = {"topdown-xe": {"method": "xe", "model": "topdown", "options": {"epochs": 1}},
                       "topdown-scst": {"method": "scst", "model": "topdown", "init": {"model": "topdown-xe"},

@@ -66,23 +66,19 @@ class Prefetcher(Generic[K, V]):
                 item: Any = self.load(key)
             except BaseException as error:  # handed to the consumer, raised there
                 item = _Failure(error)
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if isinstance(item, _Failure):
+            if not self._put(item) or isinstance(item, _Failure):
                 return
-        self._put_done()
+        self._put(_DONE)
 
-    def _put_done(self) -> None:
+    def _put(self, item: Any) -> bool:
+        """Queue ``item``, waiting for room; False if the consumer left first."""
         while not self._stop.is_set():
             try:
-                self._queue.put(_DONE, timeout=0.1)
-                return
+                self._queue.put(item, timeout=0.1)
+                return True
             except queue.Full:
                 continue
+        return False
 
     def close(self) -> None:
         self._stop.set()
