@@ -243,7 +243,7 @@ def test_prepare_reads_through_the_dataset_format(tmp_path: Path, monkeypatch: p
     from caprl.data.readers import READERS, build_reader
 
     assert set(READERS) >= {"karpathy", "tgif"}
-    with pytest.raises(CaprlError, match=r"datasets\.clips\.format: tgif: TGIF reader lands with issue 10"):
+    with pytest.raises(CaprlError, match=r"datasets\.clips\.format: tgif: TGIF video features land with issue 10"):
         build_reader("tgif", "clips")
     with pytest.raises(CaprlError, match=r"datasets\.clips\.format: unknown dataset format 'mp4'"):
         build_reader("mp4", "clips")

@@ -79,3 +79,43 @@ def test_decode_all_skips_and_lists_or_stops(tmp_path: Path) -> None:
     assert report.lines() == [f"{still}\tsingle_frame\ta still image, not an animation"]
     with pytest.raises(GifError, match="still.gif: single frame GIF"):
         decode_all([good, still], 2, policy="stop")
+
+
+def tgif_files(root: Path) -> tuple[Path, Path]:
+    """A TGIF-format dataset: TSV, the three split lists, and the GIFs named by URL."""
+    gifs = root / "gifs"
+    gifs.mkdir()
+    url = "https://38.media.tumblr.com/x{k}/tumblr_{k}_400.gif"
+    rows = [(0, "a red square moves to the left ."), (0, "a square is moving ."), (1, "a circle grows ."),
+            (2, "a blue triangle appears ."), (3, "not in a split .")]
+    (root / "tgif-v1.0.tsv").write_text("".join(f"{url.format(k=k)}\t{s}\n" for k, s in rows))
+    for split, ks in (("train", [0, 1]), ("val", [2]), ("test", [])):
+        (root / f"{split}.txt").write_text("".join(url.format(k=k) + "\n" for k in ks))
+    for k in range(4):
+        write_gif(gifs / f"tumblr_{k}_400.gif", coloured(3))
+    return root / "tgif-v1.0.tsv", gifs
+
+
+def test_tgif_reader_reads_sentences_splits_and_gifs(tmp_path: Path) -> None:
+    from caprl.data.tgif import read_tgif
+
+    raw, gifs = tgif_files(tmp_path)
+    ann = read_tgif(raw, gifs, "tgif")
+    assert [(im["id"], im["file"], im["split"]) for im in ann["images"]] == [
+        (1, "tumblr_0_400.gif", "train"), (2, "tumblr_1_400.gif", "train"), (3, "tumblr_2_400.gif", "val")]
+    assert ann["images"][0]["captions"] == [["a", "red", "square", "moves", "to", "the", "left"],
+                                            ["a", "square", "is", "moving"]]
+    assert ann["stats"]["not_in_a_split"] == 1 and ann["stats"]["split_images"] == {"train": 2, "val": 1, "test": 0}
+
+
+def test_tgif_reader_names_a_missing_gif_and_a_bad_line(tmp_path: Path) -> None:
+    from caprl.data.tgif import read_tgif
+    from caprl.errors import CaprlError
+
+    raw, gifs = tgif_files(tmp_path)
+    (gifs / "tumblr_1_400.gif").unlink()
+    with pytest.raises(CaprlError, match=r"1 of 3 GIFs are missing .*tumblr_1_400.gif"):
+        read_tgif(raw, gifs, "tgif")
+    raw.write_text(raw.read_text() + "no tab here\n")
+    with pytest.raises(CaprlError, match=r"tgif-v1.0.tsv:6: expected"):
+        read_tgif(raw, gifs, "tgif")

@@ -73,7 +73,7 @@ def test_runs_follow_their_datasets() -> None:
         (lambda p: p["datasets"].__setitem__("b", {**generated_dataset("b"), "raw": "raw/b.json"}),
          r"datasets\.b\.raw: a generated dataset .* data/raw/b/dataset_b\.json"),
         (lambda p: p["datasets"]["tgif"].__setitem__("enabled", True),
-         r"datasets\.tgif\.format: tgif: TGIF reader lands with issue 10 \(SLE \+ video\)"),
+         r"datasets\.tgif\.format: tgif: TGIF video features land with issue 10 \(SLE \+ video\)"),
         (lambda p: p["runs"]["fc-scst"].__setitem__("init", {"model": "gone"}), r"runs\.fc-scst\.init\.model"),
     ],
 )

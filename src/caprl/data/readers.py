@@ -9,7 +9,7 @@ checking that every media file it names exists. Adding a format is one class her
         def read(self, raw, media_root, dataset): ...
 
 ``karpathy``: Karpathy's split JSON (COCO, Flickr30k, the built-in synthetic set).
-``tgif``: TGIF video captions; registered so params.yaml can name it, it lands with issue 10.
+``tgif``: TGIF video captions (caprl.data.tgif); enabled once its per-frame features land (issue 10).
 """
 
 from __future__ import annotations
@@ -73,6 +73,14 @@ class KarpathyReader(Reader):
 
 @register_reader("tgif")
 class TgifReader(Reader):
-    """TGIF (Li et al. 2016): animated GIFs with one or more sentences each."""
+    """TGIF (Li et al. 2016): animated GIFs with one or more sentences each (caprl.data.tgif).
 
-    unavailable = "TGIF reader lands with issue 10 (SLE + video)"
+    Not enabled in the DAG until its per-frame features land (issue 10): the reader and the
+    GIF decoding (caprl.data.gif) are in and tested."""
+
+    unavailable = "TGIF video features land with issue 10 (SLE + video)"
+
+    def read(self, raw: Path, media_root: Path, dataset: str) -> dict[str, Any]:
+        from caprl.data.tgif import read_tgif
+
+        return read_tgif(raw, media_root, dataset)
