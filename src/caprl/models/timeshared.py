@@ -19,7 +19,7 @@ Under ``torch.no_grad`` or for frozen weights these are the plain functional cal
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +117,13 @@ def tape(module: nn.Module, name: str) -> Tape:
 Part = tuple[nn.Module, str, "slice | None"]  # (module, weight name, its columns; None: all)
 
 
+def _join(weights: Sequence[torch.Tensor], parts: tuple[Part, ...]) -> torch.Tensor:
+    """``[W_1[:, cols_1] | W_2[:, cols_2] | ...]``; a single whole weight is itself (no copy)."""
+    if len(parts) == 1 and parts[0][2] is None:
+        return weights[0]
+    return torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)], dim=1)
+
+
 class _Fused:
     """The weight ``[W_1[:, cols_1] | W_2[:, cols_2] | ...]`` and the summed biases, made again
     whenever a parameter may have changed: new storage, an in-place write (its version
@@ -131,9 +138,8 @@ class _Fused:
         key = (_OPTIMISER_STEPS, parts, *((t.data_ptr(), t._version, t.dtype) for t in (*weights, *biases)))
         if key != self.key:
             with torch.no_grad():
-                self.weight = torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)],
-                                        dim=1)
-                self.bias = torch.stack(biases).sum(0) if biases else None
+                self.weight = _join(weights, parts)
+                self.bias = biases[0] if len(biases) == 1 else torch.stack(biases).sum(0) if biases else None
             self.key = key
         return self.weight, self.bias
 
@@ -219,7 +225,7 @@ def taped(*tensors: torch.Tensor) -> bool:
 
 def fused_linear(x: torch.Tensor, parts: tuple[Part, ...], biases: tuple[tuple[nn.Module, str], ...] = (),
                  key: tuple[nn.Module, str] | None = None) -> torch.Tensor:
-    """One product for several linear maps whose inputs are concatenated in ``x`` (2-d):
+    """One product for several linear maps whose inputs are concatenated in ``x``:
     ``x @ [W_1[:, cols_1] | W_2[:, cols_2] | ...]^T + sum of the biases``. The joined weight
     is cached until the parameters change; with gradients, the weights' gradients are taped
     (under ``key``, default the first part's module and weight name)."""
@@ -230,19 +236,14 @@ def fused_linear(x: torch.Tensor, parts: tuple[Part, ...], biases: tuple[tuple[n
     if taped(*weights, *bias_tensors):
         return _Linear.apply(x, recorded, parts, len(weights), *weights, *bias_tensors)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (*weights, *bias_tensors)):  # plain autograd
-        joined = torch.cat([w if cols is None else w[:, cols] for w, (_, _, cols) in zip(weights, parts)], dim=1)
-        return F.linear(x, joined, sum(bias_tensors) if bias_tensors else None)
+        return F.linear(x, _join(weights, parts), sum(bias_tensors) if bias_tensors else None)
     weight, bias = recorded.fused.get(parts, bias_tensors)  # no gradient to the weights: the cached joined weight
     return F.linear(x, weight, bias)
 
 
 def linear(module: nn.Module, x: torch.Tensor, weight: str = "weight", bias: str | None = "bias") -> torch.Tensor:
     """``F.linear(x, module.<weight>, module.<bias>)``, its weight gradient taped."""
-    w = getattr(module, weight)
-    b = getattr(module, bias) if bias is not None else None
-    if not taped(w, *((b,) if b is not None else ())):
-        return F.linear(x, w, b)
-    return _Linear.apply(x, tape(module, weight), ((module, weight, None),), 1, w, *((b,) if b is not None else ()))
+    return fused_linear(x, ((module, weight, None),), ((module, bias),) if bias is not None else ())
 
 
 def embedding(module: nn.Embedding, words: torch.Tensor) -> torch.Tensor:
