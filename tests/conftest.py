@@ -19,18 +19,29 @@ os.environ.setdefault("CAPRL_PARAMS_SCHEMA", str(SCHEMA))
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 TINY: dict[str, Any] = {
+    # the video set is off here (tests replace runs:); test_e2e turns it on (TINY_VIDEO)
+    "datasets": {"synthetic_video": {"enabled": False}},
     "synthetic": {"n_train": 80, "n_val": 16, "n_test": 16, "image_size": 32, "max_objects": 2},
     "vocab": {"min_count": 2},
-    "features": {"batch_size": 16},
     "models": {name: {"embed_size": 16, "hidden_size": 24, **({"att_hidden_size": 16} if att else {})}
                for name, att in [("fc", False), ("topdown", True), ("lstm3", False), ("softatt", True),
                                  ("stackcap_star", True), ("stackcap", True)]},
     "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2},
-                   "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8}},
+                   "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8},
+                   "sll": {"epochs": 1, "n_samples": 2}, "sll_sle": {"epochs": 1, "n_samples": 2}},
     "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
     "runs": {"fc-xe": {"options": {"epochs": 2}}, "lstm3-xe": {"options": {"epochs": 2}}},
     "decode": {"beam_size": 2},
-    "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3},
+    "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3,
+                 "diversity": {"samples": 2, "beams": 2, "examples": 2}},
+    "features": {"batch_size": 16, "video": {"frames": 4}},
+}
+
+
+TINY_VIDEO: dict[str, Any] = {  # the built-in video set, tiny, with an attention model (it attends over frames)
+    "enabled": True,
+    "synthetic": {"n_train": 40, "n_val": 8, "n_test": 8, "image_size": 32, "max_objects": 2, "frames": 4},
+    "runs": ["fc-xe", "fc-sll", "fc-sll_me", "fc-sll_sle", "topdown-xe", "topdown-sll_sle"],
 }
 
 

@@ -79,7 +79,7 @@ def test_two_datasets_and_run_subsets_give_the_same_commands(tmp_path: Path) -> 
     assert smk == dvc, f"only in Snakemake: {sorted(smk - dvc)}\nonly in DVC: {sorted(dvc - smk)}"
     for ds in ("synthetic", "shapes_b"):
         assert any(c.startswith("caprl tables ") and f"--dataset {ds} " in c for c in smk), ds
-        assert any(f"--out-json data/raw/{ds}/dataset_{ds}.json" in c for c in smk), ds
+        assert any(f"--out-raw data/raw/{ds}/dataset_{ds}.json" in c for c in smk), ds
     trained = {(c.split("--dataset ")[1].split()[0], c.split("--run ")[1].split()[0])
                for c in smk if c.startswith("caprl train ")}
     assert ("shapes_b", "stackcap-c2f") in trained and ("synthetic", "stackcap-c2f") not in trained

@@ -240,11 +240,11 @@ def test_cli_missing_json_exits_2_with_message(tmp_path: Path) -> None:
 def test_prepare_reads_through_the_dataset_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    write_params) -> None:
     """--dataset picks the reader (datasets.<name>.format); raw and media default to the dataset's."""
-    from caprl.data.readers import READERS, build_reader
+    from caprl.data.readers import READERS, TgifReader, build_reader, media_of
 
     assert set(READERS) >= {"karpathy", "tgif"}
-    with pytest.raises(CaprlError, match=r"datasets\.clips\.format: tgif: TGIF video features land with issue 10"):
-        build_reader("tgif", "clips")
+    assert isinstance(build_reader("tgif", "clips"), TgifReader)  # TGIF reads now (GIFs probed, see test_gif)
+    assert (media_of("tgif", "clips"), media_of("karpathy", "coco")) == ("video", "image")
     with pytest.raises(CaprlError, match=r"datasets\.clips\.format: unknown dataset format 'mp4'"):
         build_reader("mp4", "clips")
     args = _main_args(tmp_path, monkeypatch)

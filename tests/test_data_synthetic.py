@@ -180,7 +180,7 @@ def test_main_refuses_json_inside_image_dir(tmp_path: Path, monkeypatch: pytest.
     image_dir = tmp_path / "im"
     args = argparse.Namespace(params=REPO / "params.yaml", dataset="synthetic", out_json=image_dir / "d.json",
                               image_dir=image_dir)
-    with pytest.raises(CaprlError, match="inside --image-dir"):
+    with pytest.raises(CaprlError, match="inside --media-dir"):
         synthetic.main(args)
 
 

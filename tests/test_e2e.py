@@ -18,14 +18,15 @@ import yaml
 
 from caprl.dvc_gen import render
 from caprl.workflow_plan import build_plan
-from conftest import REPO, TINY, default_params, merge
+from conftest import REPO, TINY, TINY_VIDEO, default_params, merge
 
 pytestmark = pytest.mark.e2e
 
-PARAMS = merge(default_params(), TINY)
+PARAMS = merge(default_params(), merge(TINY, {"datasets": {"synthetic_video": TINY_VIDEO}}))
 PLAN = build_plan(PARAMS)
 RUNS = [job.run for job in PLAN.evaluated("synthetic")]      # evaluated: in the tables
 TRAINED = [job.run for job in PLAN.trained("synthetic")]
+VIDEO = "synthetic_video"  # the built-in video set (TGIF format): its own runs and tables
 
 
 def fresh_copy(dst: Path, params: dict[str, Any]) -> Path:
@@ -51,6 +52,12 @@ def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedPr
 def metrics(workdir: Path) -> dict[str, dict[str, float]]:
     return {r: json.loads((workdir / "results" / "synthetic" / r / "scores.json").read_text())["metrics"]
             for r in RUNS + ["most-frequent"]}
+
+
+def all_scores(workdir: Path) -> dict[str, dict[str, Any]]:
+    """Every score file of every dataset (metrics and the diversity section), by dataset/run."""
+    return {f"{ds}/{r}": json.loads((workdir / "results" / ds / r / "scores.json").read_text())
+            for ds in PLAN.datasets for r in [job.run for job in PLAN.evaluated(ds)] + ["most-frequent"]}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +96,38 @@ def test_snakemake_writes_the_tables(snakemake_run: Path) -> None:
         assert "SPICE" not in values
 
 
+def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
+    """The synthetic video set goes through the TGIF reader and per-frame features; SLL, SLL-ME
+    and SLL-SLE train on both sets; Tables 2-4 and the samples view are filled."""
+    import h5py
+
+    annotations = json.loads((snakemake_run / "data" / VIDEO / "annotations.json").read_text())
+    sizes = PARAMS["datasets"][VIDEO]["synthetic"]
+    assert annotations["stats"]["split_images"] == {s: sizes[f"n_{s}"] for s in ("train", "val", "test")}
+    assert annotations["stats"]["skipped_media"] == []
+    with h5py.File(snakemake_run / "data" / VIDEO / "features_patches.h5") as f:
+        assert f.attrs["media"] == "video" and f.attrs["frames"] == PARAMS["features"]["video"]["frames"]
+        assert f["regions"].shape[1] == PARAMS["features"]["video"]["frames"]  # frames as regions
+    tables = snakemake_run / "results" / "tables"
+    assert not list(tables.glob(f"{VIDEO}_stackcap*"))  # the video set's own tables: params' datasets.<name>.tables
+    for ds, table in (("synthetic", "sle_table2"), (VIDEO, "sle_table3")):
+        md = (tables / f"{ds}_{table}.md").read_text()
+        for run_name in ("fc-sll", "fc-sll_me", "fc-sll_sle", "topdown-sll_sle"):
+            row = next(line for line in md.splitlines() if f"[{run_name}]" in line)
+            assert row.split("|")[3].strip()[0].isdigit(), row  # CIDEr-D column filled
+    for ds in PLAN.datasets:
+        md = (tables / f"{ds}_sle_table4.md").read_text()
+        rows = [line for line in md.splitlines() if "(SLL-SLE, rs) [fc-sll_sle]" in line]
+        assert rows and all(c.strip()[0].isdigit() for c in rows[0].split("|")[2:6]), rows
+        samples = (tables / f"{ds}_sle_samples.md").read_text()
+        assert "fc-sll_sle" in samples
+    scores = all_scores(snakemake_run)[f"{VIDEO}/fc-sll_sle"]
+    diversity = scores["diversity"]
+    n = PARAMS["evaluate"]["diversity"]["samples"]
+    assert set(diversity["rs"]) == {"CIDEr-D", "Div-1", "Div-2", "mBLEU-4"} and set(diversity["bs"]) == set(diversity["rs"])
+    assert all(len(ex["rs"]) == n and len(ex["bs"]) == n for ex in diversity["examples"])
+
+
 def test_second_run_is_a_fast_no_op(snakemake_run: Path) -> None:
     started = time.time()
     proc = run(["snakemake", "--cores", "2", "all_tables"], snakemake_run)
@@ -103,8 +142,9 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
     experiment = client.get_experiment_by_name("caprl")
     runs = client.search_runs([experiment.experiment_id], max_results=100)
     names = sorted(r.info.run_name for r in runs)
-    expected = sorted([f"synthetic/{r}/train" for r in TRAINED] + [f"synthetic/{r}/evaluate" for r in RUNS]
-                      + ["synthetic/most-frequent/evaluate"])
+    expected = sorted([f"{ds}/{job.run}/train" for ds in PLAN.datasets for job in PLAN.trained(ds)]
+                      + [f"{ds}/{job.run}/evaluate" for ds in PLAN.datasets for job in PLAN.evaluated(ds)]
+                      + [f"{ds}/most-frequent/evaluate" for ds in PLAN.datasets])
     assert names == expected
     train = next(r for r in runs if r.info.run_name == "synthetic/fc-scst/train")
     assert train.data.params["run.method"] == "scst"
@@ -121,6 +161,6 @@ def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Pat
     """Same params and seed, in another directory, through DVC: identical metrics (CPU determinism)."""
     work = fresh_copy(tmp_path / "dvc", yaml.safe_load((snakemake_run / "params.yaml").read_text()))
     run(["dvc", "repro", "--quiet"], work)
-    assert metrics(work) == metrics(snakemake_run)
+    assert all_scores(work) == all_scores(snakemake_run)  # the diversity samples are seeded too
     assert (work / "results" / "tables" / "synthetic_main.md").read_text() == \
         (snakemake_run / "results" / "tables" / "synthetic_main.md").read_text()

@@ -46,3 +46,26 @@ def test_errors():
         diversity({3: [["a"]]})
     with pytest.raises(CaprlError, match="no images"):
         diversity({})
+
+
+def test_set_scores_cider_is_the_official_cider_d_of_every_caption():
+    """Table 4's CIDEr-D column: the mean of pycocoevalcap's CIDEr-D over all captions of the
+    sets (PTB-tokenised, df from the references, as coco-caption does)."""
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    from caprl.evaluation.diversity import set_scores
+
+    tokens = coco_tokens()
+    ids = list(tokens)[:6]
+    references = {i: [" ".join(c) for c in tokens[i][:4]] for i in ids}
+    sets = {i: [tokens[i][4], tokens[ids[(k + 1) % 6]][0], tokens[i][4][:3]] for k, i in enumerate(ids)}
+    got = set_scores(sets, references)
+    gts = PTBTokenizer().tokenize({i: [{"caption": r} for r in references[i]] for i in ids})
+    scores = []
+    for j in range(3):  # one caption per image per official call: df from the 6 images' references
+        res = PTBTokenizer().tokenize({i: [{"caption": " ".join(sets[i][j])}] for i in ids})
+        scores.extend(Cider().compute_score(gts, res)[1])
+    assert got["CIDEr-D"] == pytest.approx(float(np.mean(scores)), abs=1e-9)
+    assert set(got) == {"CIDEr-D", "Div-1", "Div-2", "mBLEU-4"}
+    assert got["Div-1"] == pytest.approx(diversity(sets)["Div-1"])

@@ -1,5 +1,5 @@
-"""GIF decoding (issue 10's first slice): uniform frames as RGB, and TGIF's failures
-classified, on GIFs generated here with Pillow."""
+"""GIF decoding: uniform frames as RGB, TGIF's failures classified (probe and sample), and the
+TGIF reader's failure policy (skip and list / stop), on GIFs generated here with Pillow."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from caprl.data.gif import GifError, GifLimits, decode_all, sample_frames, uniform_indices
+from caprl.data.gif import (GifError, GifLimits, decode_all, gif_limits, probe, sample_frames, uniform_indices,
+                            video_settings)
+from caprl.errors import CaprlError
 
 
 def write_gif(path: Path, frames: list[Image.Image]) -> Path:
@@ -119,3 +121,122 @@ def test_tgif_reader_names_a_missing_gif_and_a_bad_line(tmp_path: Path) -> None:
     raw.write_text(raw.read_text() + "no tab here\n")
     with pytest.raises(CaprlError, match=r"tgif-v1.0.tsv:6: expected"):
         read_tgif(raw, gifs, "tgif")
+
+
+# ----------------------------------------------------------------------------- probe (prepare time)
+
+
+def noisy(n: int, size: int = 32, seed: int = 0) -> list[Image.Image]:
+    """Random frames: LZW cannot squeeze them, so a cut lands inside a frame's data."""
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).convert("P", palette=Image.ADAPTIVE)
+            for _ in range(n)]
+
+
+def test_probe_counts_frames_and_finds_a_cut_that_n_frames_misses(tmp_path: Path) -> None:
+    data = write_gif(tmp_path / "whole.gif", noisy(8)).read_bytes()
+    assert probe(tmp_path / "whole.gif") == 8
+    half = tmp_path / "half.gif"
+    half.write_bytes(data[: len(data) // 2])
+    with Image.open(half) as gif:
+        assert gif.n_frames >= 2  # the frame walk alone sees an animation...
+    with pytest.raises(GifError) as err:  # ...decoding every frame finds the cut
+        probe(half)
+    assert err.value.kind == "corrupt" and "truncated" in err.value.detail
+    mangled = tmp_path / "mangled.gif"  # a cut that makes Pillow raise IndexError, not OSError
+    mangled.write_bytes(data[: len(data) * 9 // 10])
+    for check in (probe, lambda p: sample_frames(p, 8)):
+        with pytest.raises(GifError) as err:
+            check(mangled)
+        assert err.value.kind == "corrupt"
+
+
+def test_probe_limits_and_settings(tmp_path: Path) -> None:
+    gif = write_gif(tmp_path / "a.gif", coloured(6))
+    with pytest.raises(GifError, match=r"too large GIF \(more than 5 frames\)"):
+        probe(gif, GifLimits(max_frames=5))
+    assert probe(gif, GifLimits(max_frames=6)) == 6
+    assert gif_limits({"frames": 8, "on_failure": "skip", "max_mib": 0.5}).max_bytes == 2**19
+    assert gif_limits({"max_mib": 1, "max_frames": 3}).max_frames == 3
+    assert video_settings(None) == {"frames": 8, "on_failure": "skip", "max_mib": 64}
+    with pytest.raises(CaprlError, match="on_failure must be 'skip' or 'stop'"):
+        video_settings({"on_failure": "ignore"})
+
+
+# ----------------------------------------------------------------------------- the TGIF reader's policy
+
+
+BROKEN = {  # file -> expected kind; made by broken_gifs
+    "tumblr_single_400.gif": "single_frame",
+    "tumblr_truncated_400.gif": "corrupt",
+    "tumblr_garbage_400.gif": "corrupt",
+    "tumblr_bytes_400.gif": "too_large",
+    "tumblr_frames_400.gif": "too_large",
+}
+# small enough that only the two "too large" GIFs break them
+LIMITS = {"frames": 4, "on_failure": "skip", "max_mib": 20000 / 2**20, "max_frames": 12}
+
+
+def broken_tgif(root: Path) -> tuple[Path, Path]:
+    """tgif_files plus one GIF of each failure kind and one whose frames change mode (all in train)."""
+    raw, gifs = tgif_files(root)
+    coloured(1)[0].save(gifs / "tumblr_single_400.gif")
+    data = write_gif(root / "whole.gif", noisy(8)).read_bytes()
+    (gifs / "tumblr_truncated_400.gif").write_bytes(data[: len(data) // 2])
+    (gifs / "tumblr_garbage_400.gif").write_bytes(b"GIF89a" + bytes(range(256)) * 4)
+    write_gif(gifs / "tumblr_bytes_400.gif", noisy(3, size=96))  # > 20000 bytes
+    write_gif(gifs / "tumblr_frames_400.gif", coloured(13))  # > 12 frames
+    write_gif(gifs / "tumblr_modes_400.gif", [Image.new("RGB", (12, 12), (200, 10, 10)).convert("P"),
+                                              Image.new("L", (12, 12), 128),
+                                              Image.new("RGBA", (12, 12), (10, 200, 10, 255)),
+                                              Image.new("RGB", (12, 12), (10, 10, 200))])
+    assert (gifs / "tumblr_bytes_400.gif").stat().st_size > LIMITS["max_mib"] * 2**20
+    assert all((gifs / f).stat().st_size < LIMITS["max_mib"] * 2**20 for f in BROKEN if "bytes" not in f)
+    extra = [*BROKEN, "tumblr_modes_400.gif"]
+    url = "https://38.media.tumblr.com/y/{}"
+    with raw.open("a") as f:
+        f.write("".join(f"{url.format(name)}\ta gif called {name.split('_')[1]} .\n" for name in extra))
+    with (root / "train.txt").open("a") as f:
+        f.write("".join(url.format(name) + "\n" for name in extra))
+    return raw, gifs
+
+
+def test_tgif_skip_lists_every_broken_gif_and_keeps_the_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from caprl.data.readers import build_reader
+
+    raw, gifs = broken_tgif(tmp_path)
+    with caplog.at_level("WARNING", logger="caprl"):
+        ann = build_reader("tgif", "clips").read(raw, gifs, "clips", settings=LIMITS)
+    skipped = ann["stats"]["skipped_media"]
+    assert {s["file"]: s["kind"] for s in skipped} == BROKEN
+    assert all(s["detail"] for s in skipped)
+    kept = {im["file"] for im in ann["images"]}
+    assert kept == {"tumblr_0_400.gif", "tumblr_1_400.gif", "tumblr_2_400.gif", "tumblr_modes_400.gif"}
+    assert ann["stats"]["images"] == 4 and ann["stats"]["split_images"] == {"train": 3, "val": 1, "test": 0}
+    # ids are positions among all listed GIFs: a skipped GIF leaves its id unused, the others keep theirs
+    names = sorted([*BROKEN, "tumblr_modes_400.gif", "tumblr_0_400.gif", "tumblr_1_400.gif", "tumblr_2_400.gif"])
+    assert all(im["id"] == names.index(im["file"]) + 1 for im in ann["images"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    for name, kind in BROKEN.items():
+        assert sum(name in w and kind.replace("_", " ") in w for w in warnings) == 1
+    assert any("skipped 5 of 9 GIFs of clips" in w and "2 corrupt" in w for w in warnings)
+    # the GIF whose frames change mode (P, L, RGBA, RGB) was kept and decodes as RGB
+    frames = sample_frames(gifs / "tumblr_modes_400.gif", 4)
+    assert frames.shape == (4, 12, 12, 3)
+    assert frames[0, 0, 0, 0] > 150 and frames[2, 0, 0, 1] > 150 and frames[3, 0, 0, 2] > 150
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_tgif_stop_names_the_file_the_kind_and_what_to_do(tmp_path: Path, name: str) -> None:
+    from caprl.data.tgif import read_tgif
+
+    raw, gifs = broken_tgif(tmp_path)
+    for other in BROKEN:
+        if other != name:
+            write_gif(gifs / other, coloured(3))  # repaired: only `name` is broken
+    with pytest.raises(GifError) as err:
+        read_tgif(raw, gifs, "clips", {**LIMITS, "on_failure": "stop"})
+    message = str(err.value)
+    assert err.value.kind == BROKEN[name] and isinstance(err.value, CaprlError)
+    assert str(gifs / name) in message and BROKEN[name].replace("_", " ") in message
+    assert "re-download it" in message and "features.video.on_failure: skip" in message

@@ -28,6 +28,9 @@ RUNS = {
     "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 1, "n_samples": 2}},
     "fc-pg_spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
                      "options": {"epochs": 1, "rollouts": 2}},
+    "fc-sll_me": {"method": "sll", "model": "fc", "init": {"model": "fc-xe"},
+                  "options": {"epochs": 1, "n_samples": 2, "entropy": 1.0e-2}},
+    "fc-sll_sle": {"method": "sll_sle", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 1, "n_samples": 3}},
     "stackcap-xe": {"method": "xe", "model": "stackcap", "options": {"epochs": 1}},
     "stackcap-c2f": {"method": "c2f", "model": "stackcap", "init": {"model": "stackcap-xe"},
                      "options": {"epochs": 1, "n_samples": 2}},
@@ -119,7 +122,7 @@ def test_bf16_autocast_trains_and_resumes_bit_identically(gpu_data: Any, tmp_pat
 
 def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
     from caprl.data.loader import CaptionData, DataPaths
-    from caprl.evaluation.run import decoded_captions
+    from caprl.evaluation.run import decoded_captions, diversity_report
     from caprl.models import build_model
 
     data, _ = gpu_data
@@ -130,3 +133,9 @@ def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
     captions = decoded_captions(model, loaded, ids, "beam", batch_size=7, beam_size=3, max_length=8)
     assert sorted(captions) == sorted(ids)
     assert next(model.parameters()).device.type == DEVICE
+    # the diversity decodings (seeded random samples, top beams) on the GPU, twice: the same sets
+    params = {"seed": 3, "decode": {"max_length": 8},
+              "evaluate": {"batch_size": 7, "diversity": {"samples": 3, "beams": 3, "examples": 2}}}
+    refs = {i: ["a red square", "a blue circle"] for i in ids}
+    first, again = (diversity_report(model, loaded, ids, refs, params) for _ in range(2))
+    assert first == again and set(first["rs"]) == {"CIDEr-D", "Div-1", "Div-2", "mBLEU-4"}

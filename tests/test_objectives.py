@@ -37,7 +37,7 @@ def test_xe_matches_hand_computed_nll() -> None:
 
 def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
     model, batch, env = setup()
-    objective = build_objective("scst", {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0}, env, model)
+    objective = build_objective("scst", {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0, "entropy": 0.0}, env, model)
     torch.manual_seed(11)
     loss, metrics = objective.loss(model, batch)
     # recompute by hand with the same random stream
@@ -56,7 +56,7 @@ def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
 def test_scst_increases_the_reward() -> None:
     """A few hundred SCST steps on the toy reward make the greedy caption say 'red' more."""
     model, batch, env = setup()
-    objective = build_objective("scst", {"lr": 1e-2, "epochs": 1, "n_samples": 4, "reward": "cider_d", "temperature": 1.0}, env, model)
+    objective = build_objective("scst", {"lr": 1e-2, "epochs": 1, "n_samples": 4, "reward": "cider_d", "temperature": 1.0, "entropy": 0.0}, env, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
     first = None

@@ -104,8 +104,10 @@ def test_run_spec_merges_options_over_the_method_defaults() -> None:
          r"runs\.fc-xe\.datasets: no dataset named 'imagenet'"),
         (lambda p: p["runs"]["fc-xe"].__setitem__("init", {"model": "fc-scst"}), r"start from each other"),
         (lambda p: p["datasets"]["synthetic"].__setitem__("format", "coco"), r"datasets\.synthetic\.format"),
-        (lambda p: p["datasets"]["tgif"].__setitem__("generate", True), r"datasets\.tgif\.generate"),
-        (lambda p: p["datasets"]["synthetic"].__setitem__("enabled", False), r"no dataset has enabled: true"),
+        (lambda p: p["datasets"]["synthetic_video"].__setitem__("runs", ["fc-xe", "nope"]),
+         r"datasets\.synthetic_video\.runs: 'nope' is not a run"),
+        (lambda p: [p["datasets"][ds].__setitem__("enabled", False) for ds in p["datasets"]],
+         r"no dataset has enabled: true"),
         (lambda p: p["datasets"]["synthetic"].__setitem__("backbone", "vit"), r"datasets\.synthetic\.backbone"),
     ],
 )

@@ -14,15 +14,22 @@ from conftest import default_params, generated_dataset, two_dataset_params
 def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     params = default_params()
     plan = wp.build_plan(params)
-    assert list(plan.datasets) == ["synthetic"]
+    assert list(plan.datasets) == ["synthetic", "synthetic_video"]
     trained = [job.run for job in plan.trained("synthetic")]
-    assert set(trained) | {run for _, run in plan.skipped} == set(params["runs"])
+    assert set(trained) | {run for ds, run in plan.skipped if ds == "synthetic"} == set(params["runs"])
+    # the video set trains only the runs it lists (datasets.synthetic_video.runs)
+    video_runs = params["datasets"]["synthetic_video"]["runs"]
+    assert [job.run for job in plan.trained("synthetic_video")] == [r for r in params["runs"] if r in video_runs]
+    assert plan.job("synthetic_video", "fc-sll_sle").init == {"model": "runs/synthetic_video/fc-xe/best.pt"}
     job = plan.job("synthetic", "fc-pg_spider-bcmr")
     assert job.init == {"model": "runs/synthetic/fc-xe/best.pt"}
     assert job.init_args() == "--init model=runs/synthetic/fc-xe/best.pt"
     assert job.spec.options["reward"] == "bcmr" and job.spec.options["rollouts"] == 3
     assert plan.attention_job("synthetic").run == "stackcap-c2f"
-    assert len(plan.table_files()) == 3 * len(params["tables"])
+    video_tables = params["datasets"]["synthetic_video"]["tables"]
+    assert len(plan.table_files()) == 3 * (len(params["tables"]) + len(video_tables))
+    assert "results/tables/synthetic_video_sle_table3.md" in plan.table_files("synthetic_video")
+    assert not any("stackcap" in f for f in plan.table_files("synthetic_video"))
     assert plan.scores("synthetic")[-1] == "results/synthetic/most-frequent/scores.json"
 
 
@@ -63,8 +70,32 @@ def test_runs_follow_their_datasets() -> None:
     assert ("shapes_b", "fc-scst") in plan.jobs and ("synthetic", "fc-scst") not in plan.jobs
     assert plan.job("shapes_b", "fc-scst").init == {"model": "runs/shapes_b/fc-xe/best.pt"}
     assert plan.datasets["shapes_b"].features == "data/shapes_b/features_patches.h5"
-    assert {f.split("/")[-1].split("_main")[0] for f in plan.table_files() if "_main." in f} == {"synthetic",
-                                                                                                  "shapes_b"}
+    assert {f.split("/")[-1].split("_main")[0] for f in plan.table_files() if "_main." in f} == {
+        "synthetic", "shapes_b"}
+
+
+def test_an_enabled_tgif_dataset_is_planned_and_its_raw_file_asked_for() -> None:
+    """TGIF reads (format tgif: GIFs probed at prepare, per-frame features): enabling it plans it."""
+    params = default_params()
+    params["datasets"]["tgif"]["enabled"] = True
+    plan = wp.build_plan(params)
+    assert "tgif" in plan.datasets
+    assert plan.datasets["tgif"].features == "data/tgif/features_resnet152.h5"
+    assert any(why.startswith("datasets.tgif.raw: data/raw/tgif/tgif-v1.0.tsv does not exist")
+               and "split lists" in why for why in plan.missing_raw())
+
+
+def test_a_dataset_lists_its_runs_and_a_bad_name_is_an_error() -> None:
+    params = default_params()
+    params["datasets"]["synthetic_video"]["runs"] = ["fc-xe", "fc-sll"]
+    plan = wp.build_plan(params)
+    assert [job.run for job in plan.trained("synthetic_video")] == ["fc-xe", "fc-sll"]
+    params["datasets"]["synthetic_video"]["runs"] = ["fc-xe", "fc-sl"]
+    with pytest.raises(CaprlError, match="datasets.synthetic_video.runs: 'fc-sl' is not a run"):
+        wp.build_plan(params)
+    params["datasets"]["synthetic_video"]["runs"] = ["fc-sll"]  # its init run does not train there
+    with pytest.raises(CaprlError, match="runs.fc-sll.init.model: run 'fc-xe' does not train on synthetic_video"):
+        wp.build_plan(params)
 
 
 @pytest.mark.parametrize(
@@ -72,8 +103,6 @@ def test_runs_follow_their_datasets() -> None:
     [
         (lambda p: p["datasets"].__setitem__("b", {**generated_dataset("b"), "raw": "raw/b.json"}),
          r"datasets\.b\.raw: a generated dataset .* data/raw/b/dataset_b\.json"),
-        (lambda p: p["datasets"]["tgif"].__setitem__("enabled", True),
-         r"datasets\.tgif\.format: tgif: TGIF video features land with issue 10 \(SLE \+ video\)"),
         (lambda p: p["runs"]["fc-scst"].__setitem__("init", {"model": "gone"}), r"runs\.fc-scst\.init\.model"),
     ],
 )

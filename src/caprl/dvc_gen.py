@@ -49,14 +49,15 @@ def data_stages(ds: Dataset, params: dict[str, Any]) -> dict[str, Stage]:
     stages: dict[str, Stage] = {}
     if ds.generate:
         stages[f"{n}-synthesize"] = {
-            "cmd": caprl("synthesize", ds.log("synthesize.log"), "--dataset", n, "--out-json", ds.raw,
-                         "--image-dir", ds.media_root),
-            "deps": ["src/caprl/data/synthetic.py", "src/caprl/data/grammar.py"],
-            "params": ["seed", "synthetic", f"datasets.{n}"], "outs": [ds.raw, ds.media_root]}
+            "cmd": caprl("synthesize", ds.log("synthesize.log"), "--dataset", n, "--out-raw", ds.raw,
+                         "--media-dir", ds.media_root),
+            "deps": ["src/caprl/data/synthetic.py", "src/caprl/data/synthetic_video.py", "src/caprl/data/grammar.py"],
+            "params": ["seed", "synthetic", f"datasets.{n}"], "outs": [*ds.raw_files, ds.media_root]}
     stages[f"{n}-prepare"] = {
         "cmd": caprl("prepare", ds.log("prepare.log"), "--dataset", n, "--raw", ds.raw, "--media-root", ds.media_root,
                      "--out", ds.annotations),
-        "deps": ["src/caprl/data", ds.raw, ds.media_root], "params": [f"datasets.{n}"], "outs": [ds.annotations]}
+        "deps": ["src/caprl/data", *ds.raw_files, ds.media_root],
+        "params": [f"datasets.{n}", *(["features.video"] if ds.format == "tgif" else [])], "outs": [ds.annotations]}
     stages[f"{n}-vocab"] = {
         "cmd": caprl("vocab", ds.log("vocab.log"), "--annotations", ds.annotations, "--out-vocab", ds.vocab,
                      "--out-labels", ds.labels),
@@ -142,7 +143,7 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
     stages[f"{n}-tables"] = {
         "cmd": caprl("tables", ds.log("tables.log"), "--dataset", n, "--results-dir", RESULTS.format(dataset=n),
                      "--out-dir", TABLES_DIR),
-        "deps": ["src/caprl/tables", *plan.scores(n), *figures], "params": ["tables", "runs"],
+        "deps": ["src/caprl/tables", *plan.scores(n), *figures], "params": ["tables", "runs", f"datasets.{n}"],
         "outs": [no_cache(path) for path in plan.table_files(n)]}
     return stages
 

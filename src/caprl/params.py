@@ -90,10 +90,16 @@ def check(params: dict[str, Any]) -> None:
     for name, spec in params["datasets"].items():
         reader = READERS.get(spec["format"], where=f"datasets.{name}.format")
         if spec["generate"] and not reader.generated:
-            raise CaprlError(f"datasets.{name}.generate: the built-in generator writes the karpathy format, "
+            generated = ", ".join(n for n, r in READERS.items() if r.generated)
+            raise CaprlError(f"datasets.{name}.generate: the built-in generator writes the formats {generated}, "
                              f"not '{spec['format']}'")
     if not enabled_datasets(params):
         raise CaprlError("datasets: no dataset has enabled: true; enable at least one")
+    for name in enabled_datasets(params):
+        unknown = [run for run in params["datasets"][name].get("runs", []) if run not in params["runs"]]
+        if unknown:
+            raise CaprlError(f"datasets.{name}.runs: '{unknown[0]}' is not a run under runs: "
+                             f"({', '.join(params['runs'])})")
     for method, options in params["objectives"].items():
         _check_reward(params, options, f"objectives.{method}.reward")
     for run in params["runs"]:
@@ -103,12 +109,13 @@ def check(params: dict[str, Any]) -> None:
             if source not in params["runs"]:
                 raise CaprlError(f"runs.{run}.init.{role}: no run named '{source}' under runs: "
                                  f"(runs: {', '.join(params['runs'])})")
+        _check_no_cycle(params, run)
+        for role, source in spec.init.items():
             missing = [ds for ds in spec.datasets if ds not in run_spec(params, source).datasets]
             if missing:
                 raise CaprlError(f"runs.{run}.init.{role}: run '{source}' does not train on {', '.join(missing)} "
-                                 f"(set runs.{source}.datasets, or runs.{run}.datasets)")
-    for run in params["runs"]:
-        _check_no_cycle(params, run)
+                                 f"(set runs.{source}.datasets or runs.{run}.datasets, or list {source} "
+                                 f"under datasets.{missing[0]}.runs)")
 
 
 def _check_reward(params: dict[str, Any], options: dict[str, Any], key: str) -> None:
@@ -121,7 +128,7 @@ def _check_no_cycle(params: dict[str, Any], run: str, path: tuple[str, ...] = ()
     """A run must not start, through its ``init`` runs, from itself."""
     if run in path:
         raise CaprlError(f"runs.{path[0]}.init: the runs start from each other: {' -> '.join(path + (run,))}")
-    for source in params["runs"][run].get("init", {}).values():
+    for source in params["runs"].get(run, {}).get("init", {}).values():
         _check_no_cycle(params, source, path + (run,))
 
 
@@ -171,6 +178,7 @@ def run_spec(params: dict[str, Any], run: str) -> RunSpec:
                 raise CaprlError(f"runs.{run}.datasets: no dataset named '{ds}' under datasets: "
                                  f"({', '.join(params['datasets'])})")
         datasets = [ds for ds in listed if params["datasets"][ds]["enabled"]]
+    datasets = [ds for ds in datasets if run in params["datasets"][ds].get("runs", params["runs"])]
     return RunSpec(name=run, method=method, model=model, options={**defaults, **overrides},
                    init=dict(entry.get("init", {})), datasets=datasets)
 
@@ -178,6 +186,11 @@ def run_spec(params: dict[str, Any], run: str) -> RunSpec:
 def enabled_datasets(params: dict[str, Any]) -> list[str]:
     """The datasets the DAG builds, in params.yaml order."""
     return [name for name, spec in params["datasets"].items() if spec["enabled"]]
+
+
+def dataset_tables(params: dict[str, Any], dataset: str) -> list[str]:
+    """The tables built for ``dataset``: its own ``tables:`` or the top-level list."""
+    return list(params["datasets"][dataset].get("tables", params["tables"]))
 
 
 def dataset_spec(params: dict[str, Any], name: str) -> dict[str, Any]:

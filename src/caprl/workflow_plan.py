@@ -24,8 +24,16 @@ from caprl.params import RunSpec
 log = logging.getLogger(__name__)
 
 # -- path patterns; Snakemake fills the {wildcards}, the plan fills them with format() ------
-GENERATED_RAW = "data/raw/{dataset}/dataset_{dataset}.json"   # what `caprl synthesize` writes
-GENERATED_MEDIA = "data/raw/{dataset}/images"
+# what `caprl synthesize` writes, by raw format: the raw file and the media folder
+GENERATED = {"karpathy": ("data/raw/{dataset}/dataset_{dataset}.json", "data/raw/{dataset}/images"),
+             "tgif": ("data/raw/{dataset}/tgif-v1.0.tsv", "data/raw/{dataset}/gifs")}
+GENERATED_RAW, GENERATED_MEDIA = GENERATED["karpathy"]
+RAW_HELP = {
+    "karpathy": "Karpathy's split file dataset_coco.json / dataset_flickr30k.json from his caption_datasets release",
+    "tgif": "tgif-v1.0.tsv from the TGIF release, with its split lists train.txt, val.txt, test.txt beside it",
+}
+# files a raw format reads beside its raw file (TGIF's official split lists)
+RAW_SIDE_FILES = {"tgif": ("train.txt", "val.txt", "test.txt")}
 RAW_LOGS = "logs/{dataset}"
 ANNOTATIONS = "data/{dataset}/annotations.json"
 VOCAB = "data/{dataset}/vocab.json"
@@ -68,6 +76,12 @@ class Dataset:
         return ANNOTATIONS.format(dataset=self.name)
 
     @property
+    def raw_files(self) -> list[str]:
+        """The raw file and the files its format reads beside it (TGIF: the split lists)."""
+        side = RAW_SIDE_FILES.get(self.format, ())
+        return [self.raw, *(os.path.join(os.path.dirname(self.raw), name) for name in side)]
+
+    @property
     def vocab(self) -> str:
         return VOCAB.format(dataset=self.name)
 
@@ -101,9 +115,9 @@ class Dataset:
         """Why the DAG cannot start for this dataset (its raw file is missing), or None."""
         if self.generate or os.path.exists(self.raw):
             return None
+        what = RAW_HELP.get(self.format, "the raw file its reader (format) reads")
         return (f"datasets.{self.name}.raw: {self.raw} does not exist. Put the dataset's raw file there "
-                f"(Karpathy's split file dataset_coco.json / dataset_flickr30k.json from his caption_datasets "
-                f"release for format karpathy) and its media under {self.media_root}, or set "
+                f"({what}) and its media under {self.media_root}, or set "
                 f"datasets.{self.name}.enabled: false. See README.md, 'Real data'.")
 
 
@@ -184,10 +198,14 @@ class Plan:
         runs = [job.run for job in self.evaluated(dataset)] + [BASELINE_RUN]
         return [SCORES.format(dataset=dataset, run=run) for run in runs]
 
+    def tables(self, dataset: str) -> list[str]:
+        """The names of the tables built for ``dataset`` (its own list or ``tables:``)."""
+        return params_mod.dataset_tables(self.params, dataset)
+
     def table_files(self, dataset: str | None = None) -> list[str]:
         names = [dataset] if dataset else list(self.datasets)
         return [TABLE.format(dataset=ds, table=table, ext=ext)
-                for ds in names for table in self.params["tables"] for ext in TABLE_FORMATS]
+                for ds in names for table in self.tables(ds) for ext in TABLE_FORMATS]
 
     def missing_raw(self) -> list[str]:
         return [why for ds in self.datasets.values() if (why := ds.missing_raw())]
@@ -219,11 +237,14 @@ def build_plan(params: dict[str, Any]) -> Plan:
 
 
 def _check_generated(spec: dict[str, Any]) -> None:
-    """A generated dataset lives where the synthesize rule writes it (one rule for every dataset)."""
+    """A generated dataset lives where the synthesize rule of its format writes it."""
     if not spec["generate"]:
         return
     name = spec["name"]
-    for key, pattern in (("raw", GENERATED_RAW), ("media_root", GENERATED_MEDIA)):
+    if spec["format"] not in GENERATED:
+        raise CaprlError(f"datasets.{name}.generate: the built-in generator writes {', '.join(GENERATED)}, "
+                         f"not '{spec['format']}'")
+    for key, pattern in zip(("raw", "media_root"), GENERATED[spec["format"]]):
         if spec[key] != pattern.format(dataset=name):
             raise CaprlError(f"datasets.{name}.{key}: a generated dataset (generate: true) is written to "
                              f"{pattern.format(dataset=name)}; set {key} to that")

@@ -17,7 +17,8 @@ for (ds, run), reason in PLAN.skipped.items():
     logger.warning(f"run {run} on dataset {ds} is skipped: {reason}")
 
 DATASETS = PLAN.datasets
-GENERATED = [ds for ds, spec in DATASETS.items() if spec.generate]
+GENERATED_IMAGES = [ds for ds, spec in DATASETS.items() if spec.generate and spec.format == "karpathy"]
+GENERATED_VIDEOS = [ds for ds, spec in DATASETS.items() if spec.generate and spec.format == "tgif"]
 EVAL_SPLIT = config["evaluate"]["split"]
 TABLE_FILES = PLAN.table_files()
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
@@ -39,8 +40,8 @@ def dataset(wildcards):
     return DATASETS[wildcards.dataset]
 
 
-def raw_file(wildcards):
-    return dataset(wildcards).raw
+def raw_files(wildcards):
+    return dataset(wildcards).raw_files
 
 
 def media_root(wildcards):
@@ -49,6 +50,11 @@ def media_root(wildcards):
 
 def synthesize_settings(wildcards):
     return {"synthetic": config["synthetic"], "dataset": config["datasets"][wildcards.dataset], "seed": config["seed"]}
+
+
+def prepare_settings(wildcards):
+    """Video datasets drop undecodable GIFs at prepare time, by features.video's policy."""
+    return config["features"]["video"] if dataset(wildcards).format == "tgif" else {}
 
 
 def features_file(wildcards):
@@ -83,14 +89,6 @@ def run_settings(wildcards):
     return {"spec": vars(spec), "model": config["models"][spec.model], "train": config["train"],
             "decode": config["decode"], "seed": config["seed"], "dataset": config["datasets"][wildcards.dataset],
             "reward": config["rewards"][reward] if reward else None}
-
-
-def table_scores(wildcards):
-    return PLAN.scores(wildcards.dataset)
-
-
-def attention_pngs(wildcards):
-    return PLAN.attention_pngs(wildcards.dataset)
 
 
 def attention_checkpoint(wildcards):

@@ -1,31 +1,51 @@
 # Per dataset: raw files (generated or yours) -> annotations -> vocabulary, references, CIDEr-D df.
-if GENERATED:
+if GENERATED_IMAGES:
 
     rule synthesize:
         output:
             json=wp.GENERATED_RAW,
             images=directory(wp.GENERATED_MEDIA),
         wildcard_constraints:
-            dataset=one_of(GENERATED),
+            dataset=one_of(GENERATED_IMAGES),
         params:
             settings=synthesize_settings,
         log:
             "logs/{dataset}/synthesize.log",
         shell:
             "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
-            " --out-json {output.json} --image-dir {output.images}"
+            " --out-raw {output.json} --media-dir {output.images}"
+
+
+if GENERATED_VIDEOS:
+
+    rule synthesize_video:
+        output:
+            tsv=wp.GENERATED["tgif"][0],
+            splits=[f"data/raw/{{dataset}}/{name}" for name in wp.RAW_SIDE_FILES["tgif"]],
+            gifs=directory(wp.GENERATED["tgif"][1]),
+        wildcard_constraints:
+            dataset=one_of(GENERATED_VIDEOS),
+        params:
+            settings=synthesize_settings,
+        log:
+            "logs/{dataset}/synthesize.log",
+        shell:
+            "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
+            " --out-raw {output.tsv} --media-dir {output.gifs}"
 
 
 rule prepare:
     input:
-        raw=raw_file,
+        raw=raw_files,
         media=media_root,
     output:
         wp.ANNOTATIONS,
+    params:
+        settings=prepare_settings,
     log:
         "logs/{dataset}/prepare.log",
     shell:
-        "caprl prepare --params {PARAMS} --log {log} --dataset {wildcards.dataset} --raw {input.raw}"
+        "caprl prepare --params {PARAMS} --log {log} --dataset {wildcards.dataset} --raw {input.raw[0]}"
         " --media-root {input.media} --out {output}"
 
 

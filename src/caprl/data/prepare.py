@@ -184,7 +184,8 @@ def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     spec = params_mod.dataset_spec(params, args.dataset)
     raw, media_root = Path(args.raw or spec["raw"]), Path(args.media_root or spec["media_root"])
-    annotations = build_reader(spec["format"], args.dataset).read(raw, media_root, args.dataset)
+    reader = build_reader(spec["format"], args.dataset)
+    annotations = reader.read(raw, media_root, args.dataset, settings=params["features"].get("video"))
     stats = annotations["stats"]
     io.write_json(args.out, annotations, indent=None)
     log.info(

@@ -6,17 +6,22 @@ checking that every media file it names exists. Adding a format is one class her
 
     @register_reader("myformat")
     class MyReader(Reader):
-        def read(self, raw, media_root, dataset): ...
+        media = "image"                      # or "video": what caprl features does with the files
+        def read(self, raw, media_root, dataset, *, settings=None): ...
+
+``settings`` is params.yaml ``features.video`` (passed by ``caprl prepare``; None: its
+defaults, :data:`caprl.data.gif.VIDEO_DEFAULTS`); image readers ignore it.
 
 ``karpathy``: Karpathy's split JSON (COCO, Flickr30k, the built-in synthetic set).
-``tgif``: TGIF video captions (caprl.data.tgif); enabled once its per-frame features land (issue 10).
+``tgif``: TGIF video captions (caprl.data.tgif): animated GIFs, probed at prepare time
+(``features.video.on_failure``), features per frame pooled over time (caprl.features.video).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 from caprl.errors import CaprlError
 from caprl.registry import Registry
@@ -26,13 +31,17 @@ log = logging.getLogger(__name__)
 
 class Reader:
     """Reads one raw format. ``unavailable``: why it cannot read yet (None: it can);
-    ``generated``: the built-in generator (``caprl synthesize``) writes this format."""
+    ``generated``: the built-in generator (``caprl synthesize``) writes this format;
+    ``media``: ``image`` or ``video`` (how ``caprl features`` turns a file into features)."""
 
     name: ClassVar[str] = ""
     unavailable: ClassVar[str | None] = None
     generated: ClassVar[bool] = False
+    media: ClassVar[str] = "image"
 
-    def read(self, raw: Path, media_root: Path, dataset: str) -> dict[str, Any]:
+    def read(self, raw: Path, media_root: Path, dataset: str, *,
+             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The annotations; ``settings``: params.yaml ``features.video`` (None: its defaults)."""
         raise NotImplementedError
 
 
@@ -41,6 +50,11 @@ READERS: Registry[type[Reader]] = Registry("dataset format")
 
 def register_reader(name: str) -> Callable[[type[Reader]], type[Reader]]:
     return READERS.register_class(name)
+
+
+def media_of(fmt: str, dataset: str) -> str:
+    """``image`` or ``video``: the media of ``datasets.<dataset>.format``."""
+    return READERS.get(fmt, where=f"datasets.{dataset}.format").media
 
 
 def build_reader(fmt: str, dataset: str) -> Reader:
@@ -57,7 +71,8 @@ class KarpathyReader(Reader):
 
     generated = True
 
-    def read(self, raw: Path, media_root: Path, dataset: str) -> dict[str, Any]:
+    def read(self, raw: Path, media_root: Path, dataset: str, *,
+             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
         from caprl.data.prepare import check_images, prepare_annotations, read_karpathy
 
         annotations = prepare_annotations(read_karpathy(raw, dataset), dataset, source=str(raw))
@@ -75,12 +90,16 @@ class KarpathyReader(Reader):
 class TgifReader(Reader):
     """TGIF (Li et al. 2016): animated GIFs with one or more sentences each (caprl.data.tgif).
 
-    Not enabled in the DAG until its per-frame features land (issue 10): the reader and the
-    GIF decoding (caprl.data.gif) are in and tested."""
+    Every GIF is probed; the broken ones are skipped and listed or stop prepare, by
+    ``settings["on_failure"]`` (params.yaml ``features.video``). ``generated``: the built-in
+    generator writes this format too (datasets of ``format: tgif`` with ``generate: true``,
+    e.g. ``synthetic_video``)."""
 
-    unavailable = "TGIF video features land with issue 10 (SLE + video)"
+    generated = True
+    media = "video"
 
-    def read(self, raw: Path, media_root: Path, dataset: str) -> dict[str, Any]:
+    def read(self, raw: Path, media_root: Path, dataset: str, *,
+             settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
         from caprl.data.tgif import read_tgif
 
-        return read_tgif(raw, media_root, dataset)
+        return read_tgif(raw, media_root, dataset, settings)

@@ -46,3 +46,32 @@ def diversity(captions_per_image: Mapping[int, Sequence[Sequence[str]]]) -> dict
         "Div-2": float(np.mean([div_n(g, 2) for g in groups])),
         "mBLEU-4": float(mbleu.mean()),
     }
+
+
+CaptionSets = Mapping[int, Sequence[Sequence[str]]]
+
+
+def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]]) -> dict[str, float]:
+    """Table 4's columns for one decoding: Div-1, Div-2, mBLEU-4 of each image's caption set,
+    and CIDEr-D averaged over every caption of every set.
+
+    CIDEr-D is the official one: candidates and raw references PTB-tokenised by
+    pycocoevalcap's tokenizer (one JVM call) and scored by our engine, which equals
+    pycocoevalcap's CiderD with document frequencies from these references (its convention).
+    The diversity metrics read the model's own words.
+    """
+    from caprl.metrics.official import ptb_tokenize
+    from caprl.rewards import build_reward
+
+    ids = sorted(sets)
+    missing = [i for i in ids if i not in references]
+    if missing:
+        raise CaprlError(f"diversity: no references for images {missing[:3]}")
+    texts = {("ref", i): list(references[i]) for i in ids}
+    texts.update({("cand", i, j): [" ".join(c)] for i in ids for j, c in enumerate(sets[i])})
+    tokens = ptb_tokenize(texts)
+    refs = {i: [r.split() for r in tokens[("ref", i)]] for i in ids}
+    owners = [i for i in ids for _ in sets[i]]
+    candidates = [(tokens[("cand", i, j)] or [""])[0].split() for i in ids for j in range(len(sets[i]))]
+    cider = build_reward("cider_d", refs)(owners, candidates)
+    return {"CIDEr-D": float(cider.mean()), **diversity({i: sets[i] for i in ids})}

@@ -22,11 +22,13 @@ def score_and_record(
     out_captions: str,
     out_scores: str,
     out_examples: str,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write COCO-format results, official scores (``out_scores``), and log both to MLflow.
 
     ``info`` (dataset, run, model, method, ...) is stored beside the metrics so the tables
     can be built from the score files alone; ``info["dataset"]`` names the dataset.
+    ``extra`` sections (e.g. ``diversity``) are stored in the score file as they are.
     """
     if "dataset" not in info:
         raise CaprlError(f"{label}: the evaluation info has no 'dataset' (pass --dataset to the stage)")
@@ -40,7 +42,7 @@ def score_and_record(
     finally:
         scorer.close()
     report = {**info, "split": ev["split"], "n_images": len(results),
-              "metrics": scored["corpus"], "unavailable": scored.get("unavailable", {})}
+              "metrics": scored["corpus"], "unavailable": scored.get("unavailable", {}), **(extra or {})}
     io.write_json(out_scores, report)
     for name, reason in report["unavailable"].items():
         log.warning("%s unavailable: %s", name, reason)
@@ -52,6 +54,9 @@ def score_and_record(
                  tags={"stage": "evaluate", **{k: str(v) for k, v in info.items()}}) as tracker:
         tracker.log_params({"evaluate": ev, "decode": params["decode"], **{"info": info}})
         tracker.log_metrics(report["metrics"])
+        for section, scores in (extra or {}).get("diversity", {}).items():
+            if section in ("rs", "bs"):
+                tracker.log_metrics({f"{section}/{k}": v for k, v in scores.items()})
         for path in (out_captions, out_scores, out_examples):
             tracker.log_artifact(path)
     return report

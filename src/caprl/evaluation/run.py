@@ -11,6 +11,7 @@ import torch
 from caprl import checkpoint, decoding, params as params_mod
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
+from caprl.evaluation.diversity import set_scores
 from caprl.evaluation.report import score_and_record
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
@@ -31,15 +32,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-scores", required=True, help="output: official metrics (JSON)")
 
 
-def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
-                     batch_size: int, **settings: Any) -> dict[int, str]:
-    """The caption of every image by decoder ``method`` (``decode.method``), on the model's device."""
-    captions: dict[int, str] = {}
+def decoded_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
+                 batch_size: int, **settings: Any) -> dict[int, list[list[str]]]:
+    """Every caption decoder ``method`` gives each image (its words), on the model's device."""
+    sets: dict[int, list[list[str]]] = {}
     decode = DECODERS.get(method, where="decode.method")
     for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
                                              lambda m, ctx: decode(m, ctx, **settings), batch_size, desc=method):
-        captions.update(zip(ids, (" ".join(w) for w in data.decode(tokens[:, 0]))))
-    return captions
+        n = tokens.shape[1]
+        words = data.decode(tokens.reshape(-1, tokens.shape[-1]))
+        sets.update((i, words[k * n:(k + 1) * n]) for k, i in enumerate(ids))
+    return sets
+
+
+def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
+                     batch_size: int, **settings: Any) -> dict[int, str]:
+    """The caption of every image by decoder ``method`` (``decode.method``), on the model's device."""
+    sets = decoded_sets(model, data, image_ids, method, batch_size, **settings)
+    return {i: " ".join(caps[0]) for i, caps in sets.items()}
+
+
+def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
+                     references: dict[int, list[str]], params: dict[str, Any]) -> dict[str, Any]:
+    """Paper 002's Table 4 for one model: ``samples`` random samples (rs, seeded from ``seed``)
+    and the top ``beams`` beams (bs) of every image, with their scores and a few examples."""
+    settings = params["evaluate"]["diversity"]
+    batch_size, max_length = params["evaluate"]["batch_size"], params["decode"]["max_length"]
+    torch.manual_seed(params["seed"])  # the random samples are the same on every rerun
+    sets = {"rs": decoded_sets(model, data, image_ids, "sample", batch_size, n=settings["samples"],
+                               max_length=max_length),
+            "bs": decoded_sets(model, data, image_ids, "top_k_beams", batch_size, beam_size=settings["beams"],
+                               n=settings["beams"], max_length=max_length)}
+    report: dict[str, Any] = {"settings": {**settings, "seed": params["seed"]}}
+    report.update({name: set_scores(captions, references) for name, captions in sets.items()})
+    report["examples"] = [{"image_id": i, "references": references[i],
+                           **{name: [" ".join(c) for c in captions[i]] for name, captions in sets.items()}}
+                          for i in sorted(image_ids)[: settings["examples"]]]
+    for name in sets:
+        log.info("diversity (%s): %s", name, ", ".join(f"{k} {v:.4f}" for k, v in report[name].items()))
+    return report
 
 
 
@@ -61,5 +92,6 @@ def main(args: argparse.Namespace) -> None:
                                 beam_size=decode["beam_size"], max_length=decode["max_length"])
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
+    extra = {"diversity": diversity_report(model, data, ids, references, params)}
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
-                     args.out_examples)
+                     args.out_examples, extra=extra)

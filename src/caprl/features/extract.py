@@ -3,6 +3,10 @@
 Sharding: the images are sorted by id and shard ``i`` of ``n`` (``n = len(features.shards)``)
 takes every n-th one, ``images_sorted[i::n]`` -- shards are balanced, each is ascending in
 id, and together they cover every image exactly once. ``caprl merge-features`` joins them.
+
+Video datasets (the reader of ``datasets.<name>.format`` has ``media = "video"``, e.g. tgif)
+go through :func:`caprl.features.video.extract_video_features` instead: ``features.video.frames``
+frames per GIF through the same backbone, pooled over time (``batch_size`` counts frames).
 """
 
 from __future__ import annotations
@@ -111,12 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    from caprl.data.readers import media_of
     from caprl.params import dataset_spec, load
     from caprl.seeding import seed_everything
 
     params = load(args.params)
+    spec = dataset_spec(params, args.dataset)
     # the backbone is the dataset's; its settings (features.patches / features.resnet) are global
-    features = {**params["features"], "backbone": dataset_spec(params, args.dataset)["backbone"]}
+    features = {**params["features"], "backbone": spec["backbone"]}
     n_shards = shard_count(args.shard, features["shards"])
     if features["num_threads"] > 0:
         torch.set_num_threads(features["num_threads"])
@@ -124,8 +130,17 @@ def main(args: argparse.Namespace) -> None:
     annotations = load_annotations(args.annotations)
     images = shard_images(annotations["images"], args.shard, n_shards)
     backbone = build_backbone(features)
-    log.info("shard %d of %d: %d of %d images, backbone %s", args.shard, n_shards, len(images),
-             len(annotations["images"]), backbone.name)
+    media = media_of(spec["format"], args.dataset)
+    log.info("shard %d of %d: %d of %d %ss, backbone %s", args.shard, n_shards, len(images),
+             len(annotations["images"]), media, backbone.name)
     attrs = {"dataset": args.dataset, "shard": args.shard, "n_shards": n_shards}
+    if media == "video":
+        from caprl.data.gif import gif_limits, video_settings
+        from caprl.features.video import extract_video_features
+
+        video = video_settings(features.get("video"))
+        extract_video_features(images, args.image_root, backbone, args.out, features["batch_size"],
+                               int(video["frames"]), gif_limits(video), attrs=attrs, source=str(args.annotations))
+        return
     extract_features(images, args.image_root, backbone, args.out, features["batch_size"], attrs=attrs,
                      source=str(args.annotations))

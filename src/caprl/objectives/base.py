@@ -122,8 +122,8 @@ class Objective(nn.Module):
         """The objective's own modules, by role name (checkpointed, restored, init-able)."""
         return dict(self.named_children())
 
-    def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int,
-                           temperature: float = 1.0) -> tuple[Samples, Samples]:
+    def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int, temperature: float = 1.0,
+                           keep_entropy: bool = False) -> tuple[Samples, Samples]:
         """Self-critical decoding: the greedy captions (eval mode, no gradient) and ``n``
         samples per image (train mode, differentiable), from one encoding of the images."""
         ctx = model.encode(batch.pooled, batch.regions)
@@ -131,7 +131,8 @@ class Objective(nn.Module):
         with torch.no_grad():
             greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
         model.train()
-        samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise)
+        samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise,
+                                  keep_entropy=keep_entropy)
         return greedy, samples
 
     def mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

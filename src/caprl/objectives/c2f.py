@@ -28,7 +28,7 @@ import torch
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, register_objective
-from caprl.objectives.scst import SelfCriticalOptions
+from caprl.objectives.scst import SamplingOptions
 
 
 def c2f_advantages(r_sample: np.ndarray, r_greedy: np.ndarray) -> np.ndarray:
@@ -45,8 +45,8 @@ def c2f_advantages(r_sample: np.ndarray, r_greedy: np.ndarray) -> np.ndarray:
 
 @register_objective("c2f")
 class CoarseToFineRL(Objective):
-    Options = SelfCriticalOptions  # the same options as SCST: n_samples, reward, temperature
-    options: SelfCriticalOptions
+    Options = SamplingOptions  # SCST's sampling options: n_samples, reward, temperature
+    options: SamplingOptions
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         stages = model.n_stages

@@ -2,6 +2,11 @@
 
 Each image gets ``n_samples`` samples; every sample's advantage is its reward minus the
 reward of the same image's greedy caption. Multi-stage models are trained on their last stage.
+
+``sll`` is the same objective under the SLE paper's name (paper 002, "SLL": sequence-level
+learning, CIDEr-D, greedy baseline, s = 5 samples), so its tables find their runs by
+method. With ``entropy`` > 0 the loss also maximises the sampling distribution's entropy
+(Mnih et al.'s maximum-entropy regularisation; the SLE paper's "SLL-ME", weight 1e-2).
 """
 
 from __future__ import annotations
@@ -16,10 +21,15 @@ from caprl.objectives.base import Batch, Objective, Options, register_objective
 
 
 @dataclass
-class SelfCriticalOptions(Options):
+class SamplingOptions(Options):
     n_samples: int  # samples per image
     reward: str  # a name under `rewards:`
     temperature: float
+
+
+@dataclass
+class SelfCriticalOptions(SamplingOptions):
+    entropy: float  # weight of the maximum-entropy term (0: none)
 
 
 @register_objective("scst")
@@ -28,12 +38,22 @@ class SelfCritical(Objective):
     options: SelfCriticalOptions
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        n = self.options.n_samples
+        n, weight = self.options.n_samples, self.options.entropy
         reward = self.env.reward(self.options.reward)
-        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature)
+        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature, keep_entropy=weight > 0)
         ids = batch.image_ids
         r_greedy = reward(ids, self.env.decode_words(greedy.last_stage()))
         r_sample = reward([i for i in ids for _ in range(n)], self.env.decode_words(samples.last_stage()))
         advantage = self.tensor(r_sample - np.repeat(r_greedy, n), like=samples.logprobs)
         loss = -self.mean(advantage.unsqueeze(1) * samples.logprobs[:, -1], samples.mask[:, -1])
-        return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean())}
+        stats = {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean())}
+        if weight > 0:
+            entropy = self.mean(samples.entropy[:, -1], samples.mask[:, -1])
+            loss = loss - weight * entropy
+            stats["entropy"] = float(entropy.detach())
+        return loss, stats
+
+
+@register_objective("sll")
+class SequenceLevel(SelfCritical):
+    """The SLE paper's SLL (and, with ``entropy`` > 0, SLL-ME): SCST under the paper's name."""

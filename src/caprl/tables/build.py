@@ -148,11 +148,13 @@ def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) 
 
 
 def build_tables(params: dict[str, Any], dataset: str, scores: Scores) -> dict[str, Table]:
-    """Every table named in ``tables:``, by name."""
-    unknown = [name for name in params["tables"] if name not in TABLES]
+    """Every table of the dataset (its ``tables:`` or the top-level list), by name."""
+    names = params_mod.dataset_tables(params, dataset)
+    unknown = [name for name in names if name not in TABLES]
     if unknown:
-        raise CaprlError(f"tables: unknown table(s) {', '.join(unknown)}; registered: {', '.join(sorted(TABLES))}")
-    return {name: TABLES[name](params, dataset, scores) for name in params["tables"]}
+        key = f"datasets.{dataset}.tables" if "tables" in params["datasets"][dataset] else "tables"
+        raise CaprlError(f"{key}: unknown table(s) {', '.join(unknown)}; registered: {', '.join(sorted(TABLES))}")
+    return {name: TABLES[name](params, dataset, scores) for name in names}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,16 +21,18 @@ class Cell:
     paper: float | None = None
     spread: float | None = None  # e.g. std over seeds
     missing: str = MISSING  # shown instead of a number when ours is None
+    decimals: int = 1  # e.g. 2 for the SLE paper's diversity ratios
 
     def text(self) -> str:
+        d = self.decimals
         if self.ours is None:
             mine = self.missing
         else:
-            mine = f"{self.ours:.1f}" + (f" ± {self.spread:.1f}" if self.spread is not None else "")
+            mine = f"{self.ours:.{d}f}" + (f" ± {self.spread:.{d}f}" if self.spread is not None else "")
         if self.paper is None:
             return mine
-        diff = "" if self.ours is None else f", {self.ours - self.paper:+.1f}"
-        return f"{mine} (paper {self.paper:.1f}{diff})"
+        diff = "" if self.ours is None else f", {round(self.ours - self.paper, d) + 0.0:+.{d}f}"  # never -0.0
+        return f"{mine} (paper {self.paper:.{d}f}{diff})"
 
 
 @dataclass
