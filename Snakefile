@@ -24,3 +24,4 @@ include: "workflow/rules/tables.smk"
 rule all_tables:
     input:
         TABLE_FILES,
+        FIGURE_FILES,

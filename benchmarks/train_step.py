@@ -42,10 +42,11 @@ REPO = Path(__file__).resolve().parents[1]
 CAPTIONS = REPO / "../shared/data/coco/karpathy_val5k_captions.json"
 N_TRAIN, PER_IMAGE, MIN_COUNT, MAX_LENGTH = 4500, 5, 5, 16
 DIM, REGIONS, SIZE = 2048, 36, 512
-CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown")
+CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown", "sll_sle-fc", "sll_sle-topdown")
 OPTIONS = {
     "xe": {"lr": 5e-4, "epochs": 1},
-    "scst": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0},
+    "scst": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "entropy": 0.0},
+    "sll_sle": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "alpha": 0.75},
 }
 
 

@@ -78,3 +78,22 @@ def test_group_errors():
         from caprl.rewards.bleu import Bleu
 
         Bleu(ReferenceSet({1: [["a"]]}), n=5)
+
+
+def test_pairwise_bleu_on_uneven_groups_equals_pycocoevalcap_pair_by_pair():
+    """Groups of 0, 1, 2 and 5 samples, repeated n-grams and an empty caption: every pair is
+    pycocoevalcap's sentence BLEU with the other sample as the only reference."""
+    tokens = coco_tokens()
+    ids = list(tokens)
+    groups = [[], [tokens[ids[0]][0]], [tokens[ids[1]][0], tokens[ids[1]][0][:3]],
+              [tokens[ids[2]][j] for j in range(4)] + [["a", "a", "a", "man", "a", "a"]],
+              [["a", "dog", "a", "dog"], [], ["a", "dog"]]]
+    pair = pairwise_bleu(groups)
+    assert [p.shape for p in pair] == [(0, 0, 4), (1, 1, 4), (2, 2, 4), (5, 5, 4), (3, 3, 4)]
+    for g, group in enumerate(groups):
+        for j in range(len(group)):
+            assert np.isnan(pair[g][j, j]).all()
+            for k in range(len(group)):
+                if j != k:
+                    expected = official_bleu([group[j]], [[group[k]]])[1][0]
+                    np.testing.assert_allclose(pair[g][j, k], expected, rtol=0, atol=1e-12)

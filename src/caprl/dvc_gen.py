@@ -126,11 +126,9 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
                      "--out-examples", examples),
         "deps": ["src/caprl/evaluation", ds.annotations, ds.refs(split)], "params": ["evaluate"],
         "outs": [captions, examples], "metrics": [no_cache(scores)]}
-    figures = []
     attention = plan.attention_job(n)
     if attention is not None:
         out_dir = ATTENTION_DIR.format(dataset=n)
-        figures = [out_dir]
         stages[f"{n}-attention_figure"] = {
             "cmd": caprl("attention-figure", ds.log("attention_figure.log"), "--dataset", n,
                          "--checkpoint", attention.checkpoint, "--annotations", ds.annotations,
@@ -140,11 +138,12 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
             "deps": ["src/caprl/figures", attention.checkpoint, ds.annotations, ds.features, ds.vocab, ds.labels,
                      ds.media_root],
             "params": ["figures", "evaluate.split", "decode.max_length"], "outs": [out_dir]}
-    stages[f"{n}-tables"] = {
-        "cmd": caprl("tables", ds.log("tables.log"), "--dataset", n, "--results-dir", RESULTS.format(dataset=n),
-                     "--out-dir", TABLES_DIR),
-        "deps": ["src/caprl/tables", *plan.scores(n), *figures], "params": ["tables", "runs", f"datasets.{n}"],
-        "outs": [no_cache(path) for path in plan.table_files(n)]}
+    for table in plan.tables(n):
+        stages[f"{n}-table-{table}"] = {
+            "cmd": caprl("tables", ds.log(f"tables_{table}.log"), "--dataset", n, "--table", table,
+                         "--results-dir", RESULTS.format(dataset=n), "--out-dir", TABLES_DIR),
+            "deps": ["src/caprl/tables", *plan.scores(n)], "params": ["tables", "runs", f"datasets.{n}"],
+            "outs": [no_cache(path) for path in plan.table_files(n) if f"/{n}_{table}." in path]}
     return stages
 
 

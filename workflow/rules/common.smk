@@ -21,6 +21,8 @@ GENERATED_IMAGES = [ds for ds, spec in DATASETS.items() if spec.generate and spe
 GENERATED_VIDEOS = [ds for ds, spec in DATASETS.items() if spec.generate and spec.format == "tgif"]
 EVAL_SPLIT = config["evaluate"]["split"]
 TABLE_FILES = PLAN.table_files()
+TABLE_NAMES = sorted({table for ds in DATASETS for table in PLAN.tables(ds)})
+FIGURE_FILES = [png for ds in DATASETS for png in PLAN.attention_pngs(ds)]
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches on CPU.
 TRAIN_GPUS = config["train"]["gpus"]
@@ -89,6 +91,16 @@ def run_settings(wildcards):
     return {"spec": vars(spec), "model": config["models"][spec.model], "train": config["train"],
             "decode": config["decode"], "seed": config["seed"], "dataset": config["datasets"][wildcards.dataset],
             "reward": config["rewards"][reward] if reward else None}
+
+
+def table_scores(wildcards):
+    return PLAN.scores(wildcards.dataset)
+
+
+def table_settings(wildcards):
+    """What a table depends on besides the score files (a change rebuilds it)."""
+    return {"tables": PLAN.tables(wildcards.dataset), "runs": config["runs"],
+            "dataset": config["datasets"][wildcards.dataset]}
 
 
 def attention_checkpoint(wildcards):

@@ -52,17 +52,25 @@ def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int
     return {i: " ".join(caps[0]) for i, caps in sets.items()}
 
 
-def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
-                     references: dict[int, list[str]], params: dict[str, Any]) -> dict[str, Any]:
-    """Paper 002's Table 4 for one model: ``samples`` random samples (rs, seeded from ``seed``)
-    and the top ``beams`` beams (bs) of every image, with their scores and a few examples."""
+def diversity_sets(model: CaptionModel, data: CaptionData, image_ids: list[int],
+                   params: dict[str, Any]) -> dict[str, dict[int, list[list[str]]]]:
+    """Paper 002's two caption sets per image: ``samples`` random samples (rs, seeded from
+    ``seed``, so reruns agree) and the top ``beams`` beams (bs), on the model's device."""
     settings = params["evaluate"]["diversity"]
     batch_size, max_length = params["evaluate"]["batch_size"], params["decode"]["max_length"]
-    torch.manual_seed(params["seed"])  # the random samples are the same on every rerun
-    sets = {"rs": decoded_sets(model, data, image_ids, "sample", batch_size, n=settings["samples"],
+    torch.manual_seed(params["seed"])
+    return {"rs": decoded_sets(model, data, image_ids, "sample", batch_size, n=settings["samples"],
                                max_length=max_length),
             "bs": decoded_sets(model, data, image_ids, "top_k_beams", batch_size, beam_size=settings["beams"],
                                n=settings["beams"], max_length=max_length)}
+
+
+def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
+                     references: dict[int, list[str]], params: dict[str, Any]) -> dict[str, Any]:
+    """Paper 002's Table 4 for one model: both caption sets of every image, their scores
+    (:func:`caprl.evaluation.diversity.set_scores`) and a few examples."""
+    settings = params["evaluate"]["diversity"]
+    sets = diversity_sets(model, data, image_ids, params)
     report: dict[str, Any] = {"settings": {**settings, "seed": params["seed"]}}
     report.update({name: set_scores(captions, references) for name, captions in sets.items()})
     report["examples"] = [{"image_id": i, "references": references[i],
@@ -71,7 +79,6 @@ def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int
     for name in sets:
         log.info("diversity (%s): %s", name, ", ".join(f"{k} {v:.4f}" for k, v in report[name].items()))
     return report
-
 
 
 def main(args: argparse.Namespace) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
 from caprl.errors import CaprlError
 from caprl.rewards.base import Reward
+from caprl.rewards.ngrams import NgramTable, encode, occurrences
 from caprl.rewards.references import ReferenceSet, expand_ranges
 
 ORDERS = 4
@@ -100,20 +102,53 @@ def leave_one_out_bleu(groups: Sequence[Sequence[Sequence[str]]]) -> np.ndarray:
 
 def pairwise_bleu(groups: Sequence[Sequence[Sequence[str]]]) -> list[np.ndarray]:
     """Per group, an (s, s, 4) array: ``[j, k]`` = BLEU-1..4 of sample j with sample k as its
-    only reference. The diagonal is NaN (a sample is not compared with itself)."""
-    candidates, references, where = [], [], []
-    for g, group in enumerate(groups):
-        for j, sample in enumerate(group):
-            for k, other in enumerate(group):
-                if j != k:
-                    candidates.append(sample)
-                    references.append([other])
-                    where.append((g, j, k))
-    out = [np.full((len(group), len(group), ORDERS), np.nan) for group in groups]
-    if candidates:
-        scores = sentence_bleu(bleu_against(candidates, references))
-        for (g, j, k), row in zip(where, scores):
-            out[g][j, k] = row
+    only reference. The diagonal is NaN (a sample is not compared with itself).
+
+    Vectorised over every pair of every group (the SLE objective scores s(s-1) pairs per
+    image each step): the samples' n-grams get global ids once, the clipped matches of a
+    pair are the summed minimum counts of the n-grams both hold, and with one reference the
+    reference length is that sample's length.
+    """
+    sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+    out = [np.full((int(n), int(n), ORDERS), np.nan) for n in sizes]
+    samples = [sample for group in groups for sample in group]
+    if int((sizes * (sizes - 1)).sum()) == 0:
+        return out
+    words = {w: i for i, w in enumerate(dict.fromkeys(chain.from_iterable(samples)))}
+    flat, lengths, space = encode(samples, words)
+    rows = occurrences(flat, lengths, space)
+    table = NgramTable(space, [flat[rows.first[k][:, None] + np.arange(k + 1)] for k in range(ORDERS)])
+    occ = occurrences(flat, lengths, space, table)
+    group_of = np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
+    start = np.cumsum(sizes) - sizes
+    smax = int(sizes.max())
+    correct = np.zeros(len(groups) * smax * smax * ORDERS)
+    for k in range(ORDERS):  # entries (sample, n-gram, count) -> pairs of samples of a group sharing an n-gram
+        sample, gid, count = occ.sentence[k], occ.gid[k], occ.count[k]
+        order = np.lexsort((gid, group_of[sample]))
+        sample, gid, count = sample[order], gid[order], count[order]
+        key = group_of[sample] * table.size + gid
+        bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+        run = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+        entry, partner = expand_ranges(bounds[run], bounds[run + 1])
+        keep = entry != partner
+        entry, partner = entry[keep], partner[keep]
+        j, m = sample[entry], sample[partner]
+        g = group_of[j]
+        slot = ((g * smax + j - start[g]) * smax + m - start[g]) * ORDERS + k
+        correct += np.bincount(slot, np.minimum(count[entry], count[partner]), minlength=len(correct))
+    pair_j, pair_k = expand_ranges(start[group_of], (start + sizes)[group_of])  # every (j, k) of a group
+    keep = pair_j != pair_k
+    pair_j, pair_k = pair_j[keep], pair_k[keep]
+    pair_g = group_of[pair_j]
+    local_j, local_k = pair_j - start[pair_g], pair_k - start[pair_g]
+    slots = ((pair_g * smax + local_j) * smax + local_k)[:, None] * ORDERS + np.arange(ORDERS)
+    stats = BleuStats(testlen=lengths[pair_j], reflen=lengths[pair_k],
+                      guess=np.maximum(lengths[pair_j][:, None] - np.arange(ORDERS), 0).astype(np.float64),
+                      correct=correct[slots])
+    dense = np.full((len(groups), smax, smax, ORDERS), np.nan)
+    dense[pair_g, local_j, local_k] = sentence_bleu(stats)
+    out = [dense[g, :n, :n] for g, n in enumerate(sizes.tolist())]
     return out
 
 

@@ -147,20 +147,27 @@ def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) 
     return out
 
 
-def build_tables(params: dict[str, Any], dataset: str, scores: Scores) -> dict[str, Table]:
-    """Every table of the dataset (its ``tables:`` or the top-level list), by name."""
+def build_tables(params: dict[str, Any], dataset: str, scores: Scores,
+                 only: list[str] | None = None) -> dict[str, Table]:
+    """The tables of the dataset (its ``tables:`` or the top-level list; ``only``: these of
+    them), by name."""
     names = params_mod.dataset_tables(params, dataset)
+    key = f"datasets.{dataset}.tables" if "tables" in params["datasets"][dataset] else "tables"
     unknown = [name for name in names if name not in TABLES]
     if unknown:
-        key = f"datasets.{dataset}.tables" if "tables" in params["datasets"][dataset] else "tables"
         raise CaprlError(f"{key}: unknown table(s) {', '.join(unknown)}; registered: {', '.join(sorted(TABLES))}")
-    return {name: TABLES[name](params, dataset, scores) for name in names}
+    absent = [name for name in only or [] if name not in names]
+    if absent:
+        raise CaprlError(f"--table {absent[0]}: not a table of dataset {dataset} ({key}: {', '.join(names)})")
+    return {name: TABLES[name](params, dataset, scores) for name in (only or names)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="a key of params.yaml datasets: (names the tables)")
     parser.add_argument("--results-dir", required=True, help="holds <run>/scores.json of every run on the dataset")
     parser.add_argument("--out-dir", required=True, help="writes <dataset>_<table>.md, .csv and .tex here")
+    parser.add_argument("--table", action="append", default=None,
+                        help="build only this table (repeatable; default: every table of the dataset)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -168,7 +175,7 @@ def main(args: argparse.Namespace) -> None:
     dataset = params_mod.dataset_spec(params, args.dataset)["name"]  # CaprlError naming datasets.<name>
     runs = [view.name for view in dataset_runs(params, dataset)] + [BASELINE_RUN]
     scores = load_scores(Path(args.results_dir), runs, dataset)
-    for name, table in build_tables(params, dataset, scores).items():
+    for name, table in build_tables(params, dataset, scores, args.table).items():
         for ext, render in FORMATS.items():
             io.write_text(Path(args.out_dir) / f"{dataset}_{name}.{ext}", render(table))
         log.info("table %s written to %s", name, os.fspath(args.out_dir))
