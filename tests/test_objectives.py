@@ -24,6 +24,15 @@ def setup(n_images: int = 4):
     return model, batch, env
 
 
+def redraw(model, batch: Batch, seed: int, n: int = 3):
+    """The context, greedy captions and ``n`` samples per image an objective drew after
+    ``torch.manual_seed(seed)``, drawn again the same way (to recompute its loss by hand)."""
+    torch.manual_seed(seed)
+    ctx = model.encode(batch.pooled, batch.regions)
+    greedy = decoding.sample(model.eval(), ctx, 6, greedy=True)
+    return ctx, greedy, decoding.sample(model.train(), ctx, 6, n=n)
+
+
 def test_xe_matches_hand_computed_nll() -> None:
     model, batch, env = setup()
     loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model).loss(model, batch)
@@ -41,10 +50,7 @@ def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
     torch.manual_seed(11)
     loss, metrics = objective.loss(model, batch)
     # recompute by hand with the same random stream
-    torch.manual_seed(11)
-    ctx = model.encode(batch.pooled, batch.regions)
-    greedy = decoding.sample(model.eval(), ctx, 6, greedy=True)
-    samples = decoding.sample(model.train(), ctx, 6, n=3)
+    _, greedy, samples = redraw(model, batch, 11)
     r_greedy = count_red(None, decode(greedy.last_stage()))
     r_sample = count_red(None, decode(samples.last_stage()))
     advantage = torch.tensor(r_sample - np.repeat(r_greedy, 3), dtype=torch.float32)

@@ -11,7 +11,7 @@ from pycocoevalcap.bleu.bleu_scorer import BleuScorer
 from caprl import decoding
 from caprl.objectives import build_objective
 from caprl.objectives.sle import diversity_weights, pairwise_distances, sample_weights
-from test_objectives import setup
+from test_objectives import redraw, setup
 from toy import count_red, decode
 
 SLL = {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0}
@@ -88,10 +88,7 @@ def test_sll_me_entropy_term_is_the_mean_per_step_entropy_of_the_sampling_distri
     torch.manual_seed(5)
     loss_me, stats = me.loss(model, batch)
     # recompute the entropy independently: teacher-force the sampled captions, full distributions
-    torch.manual_seed(5)
-    ctx = model.encode(batch.pooled, batch.regions)
-    decoding.sample(model.eval(), ctx, 6, greedy=True)  # the greedy pass draws no random numbers
-    samples = decoding.sample(model.train(), ctx, 6, n=3)
+    ctx, _, samples = redraw(model, batch, 5)
     tokens, mask = samples.last_stage(), samples.mask[:, 0]
     with torch.no_grad():
         logp = model.teacher_forcing(decoding.expand(ctx, 3), tokens)[:, 0, : tokens.shape[1]]  # [N, T, V]
@@ -106,10 +103,7 @@ def test_sll_sle_loss_is_eq15_with_the_hand_computed_weights() -> None:
     objective = build_objective("sll_sle", {**SLL, "alpha": 0.75}, env, model)
     torch.manual_seed(7)
     loss, stats = objective.loss(model, batch)
-    torch.manual_seed(7)
-    ctx = model.encode(batch.pooled, batch.regions)
-    greedy = decoding.sample(model.eval(), ctx, 6, greedy=True)
-    samples = decoding.sample(model.train(), ctx, 6, n=3)
+    _, greedy, samples = redraw(model, batch, 7)
     words = decode(samples.last_stage())
     r_greedy = count_red(None, decode(greedy.last_stage()))
     r_sample = count_red(None, words).reshape(4, 3)

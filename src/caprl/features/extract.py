@@ -47,6 +47,20 @@ def shard_images(images: Sequence[Mapping[str, Any]], shard: int, n_shards: int)
     return sorted(images, key=lambda im: int(im["id"]))[shard::n_shards]
 
 
+def require_media(records: Sequence[Mapping[str, Any]], root: Path, source: str, noun: str = "image",
+                  id_name: str = "image") -> None:
+    """Every record's ``file`` must exist under ``root``; else a CaprlError naming the first
+    missing one (``noun``: image, GIF; ``id_name``: image, video) and how many of the shard are missing."""
+    missing = [r for r in records if not (root / r["file"]).is_file()]
+    if missing:
+        first = missing[0]
+        raise CaprlError(
+            f"{root / first['file']}: {noun} not found ({id_name} id {first['id']} in "
+            f"{source}); {len(missing)} of {len(records)} {noun}s of this shard are missing under {root}: restore "
+            "them (re-download, or re-run caprl synthesize) or pass the right --image-root"
+        )
+
+
 def load_image(path: Path, image_id: int, source: str) -> Image.Image:
     """Open and fully decode one image; a missing or corrupt file is a CaprlError naming it."""
     try:
@@ -82,14 +96,7 @@ def extract_features(
     missing or corrupt image) nothing is left at ``out``.
     """
     root = Path(image_root)
-    missing = [im for im in images if not (root / im["file"]).is_file()]
-    if missing:
-        first = missing[0]
-        raise CaprlError(
-            f"{root / first['file']}: image not found (image id {first['id']} in {source}); "
-            f"{len(missing)} of {len(images)} images of this shard are missing under {root}: restore them "
-            "(re-download, or re-run caprl synthesize) or pass the right --image-root"
-        )
+    require_media(images, root, source)
     all_attrs = {**backbone.attrs(), **(attrs or {})}
     n_batches = (len(images) + batch_size - 1) // batch_size
     t0 = time.perf_counter()

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from caprl.data.gif import GifError, GifLimits, sample_frames
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone
+from caprl.features.extract import require_media
 from caprl.features.store import open_writer
 
 log = logging.getLogger(__name__)
@@ -92,14 +93,7 @@ def extract_video_features(
     if frames < 1:
         raise CaprlError(f"features.video.frames must be >= 1, got {frames}")
     root = Path(media_root)
-    missing = [v for v in videos if not (root / v["file"]).is_file()]
-    if missing:
-        first = missing[0]
-        raise CaprlError(
-            f"{root / first['file']}: GIF not found (video id {first['id']} in {source}); {len(missing)} of "
-            f"{len(videos)} GIFs of this shard are missing under {root}: restore them (re-download, or re-run "
-            "caprl synthesize) or pass the right --image-root"
-        )
+    require_media(videos, root, source, noun="GIF", id_name="video")
     per_batch = max(1, batch_size // frames)
     all_attrs = {**video_attrs(backbone, frames), **(attrs or {})}
     n_batches = (len(videos) + per_batch - 1) // per_batch
