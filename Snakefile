@@ -25,3 +25,29 @@ rule all_tables:
     input:
         TABLE_FILES,
         FIGURE_FILES,
+
+
+# One METEOR JVM for all the jobs of a local run (caprl.metrics.meteor_server): each
+# `caprl evaluate` would otherwise spend ~6 s of CPU starting its own. Jobs find it through
+# $CAPRL_METEOR_SOCKET and fall back to their own JVM without it. Not started on dry runs
+# (Snakemake runs no hooks then) nor for cluster executors (jobs on other nodes cannot reach
+# it); it exits by itself when Snakemake does, even if neither hook below runs.
+onstart:
+    if workflow.local_exec:
+        from caprl.metrics import meteor_server
+
+        meteor_socket = meteor_server.start_shared(log_path=".snakemake/log/meteor-server.log")
+        if meteor_socket:
+            logger.info(f"METEOR server for this run's jobs: {meteor_socket}")
+
+
+onsuccess:
+    from caprl.metrics import meteor_server
+
+    meteor_server.stop_shared()
+
+
+onerror:
+    from caprl.metrics import meteor_server
+
+    meteor_server.stop_shared()

@@ -62,14 +62,25 @@ def test_straight_through_rows_are_one_hot_forward_with_gradients_backward(name:
     assert model.logit.weight.grad is not None and model.logit.weight.grad.abs().sum() > 0
 
 
-def test_psst_with_rho_one_passes_the_whole_distribution() -> None:
+def test_psst_relaxed_captions_pass_the_whole_distribution_the_others_one_hot() -> None:
     model, ctx = model_and_ctx()
     torch.manual_seed(3)
-    out = decoding.sample(model, ctx, 3, estimator=ESTIMATORS["st_multinomial"](tau=1.0, rho=1.0))
+    relaxed = torch.tensor([True, False, True])
+    out = decoding.sample(model, ctx, 3, estimator=ESTIMATORS["st_multinomial"](tau=1.0), relaxed=relaxed)
     assert out.soft is not None
     first = out.soft[:, :, 0]
     at = decoding.start(model, ctx)
-    torch.testing.assert_close(first, model.step(at.prev, at.ctx, at.state).logprobs.exp())
+    probs = model.step(at.prev, at.ctx, at.state).logprobs.exp()
+    torch.testing.assert_close(first[relaxed], probs[relaxed])
+    live = out.mask[1].bool()
+    assert bool(((out.soft[1][live] == 0) | (out.soft[1][live] == 1)).all())
+
+
+def test_partial_mask_is_seeded_and_takes_a_rho_fraction() -> None:
+    masks = [decoding.partial_mask(8, 0.25, torch.Generator().manual_seed(5), torch.device("cpu")) for _ in range(2)]
+    assert torch.equal(masks[0], masks[1]) and int(masks[0].sum()) == 2
+    assert int(decoding.partial_mask(8, 0.0, torch.Generator(), torch.device("cpu")).sum()) == 0
+    assert bool(decoding.partial_mask(8, 1.0, torch.Generator(), torch.device("cpu")).all())
 
 
 def test_named_decoders_shapes_and_agreement() -> None:

@@ -80,7 +80,7 @@ def test_run_spec_merges_options_over_the_method_defaults() -> None:
     assert spec == params_mod.RunSpec(
         name="fc-pg_spider-bcmr", method="pg_spider", model="fc",
         options={**params["objectives"]["pg_spider"], "reward": "bcmr"}, init={"model": "fc-xe"},
-        datasets=["synthetic"])
+        datasets=["synthetic"], decode=params["decode"], source="fc-pg_spider-bcmr")
     assert params_mod.run_spec(params, "fc-xe").options == {**params["objectives"]["xe"], "epochs": 40}
     with pytest.raises(CaprlError, match="unknown run 'nope'"):
         params_mod.run_spec(params, "nope")
@@ -152,3 +152,37 @@ def snakemake_dry_run(workdir):
     proc = subprocess.run(["snakemake", "-n", "--cores", "1", "all_tables"], capture_output=True, text=True,
                           cwd=workdir)
     return proc, proc.stdout + proc.stderr
+
+
+# -- sweeps: one run per point --------------------------------------------------------------
+
+def test_a_sweep_expands_into_one_run_per_point_of_the_product() -> None:
+    params = default_params()
+    params["sweeps"] = {"lam": [0.01, 0.0025]}
+    params["runs"] = {"fc-xe": {"method": "xe", "model": "fc"},
+                      "listener": {"method": "listener", "model": "fc"},
+                      "fc-psst_multinomial": {"method": "psst_multinomial", "model": "fc",
+                                              "init": {"model": "fc-xe", "listener": "listener"},
+                                              "sweep": {"lam": "lam", "rho": [0.25, 1.0]}, "decode": {"beam_size": 2}}}
+    params["datasets"]["synthetic"]["runs"] = ["fc-xe", "listener", "fc-psst_multinomial"]
+    params["datasets"]["synthetic_video"]["enabled"] = False
+    out = params_mod.expand_sweeps(params)
+    points = [r for r in out["runs"] if r.startswith("fc-psst")]
+    assert points == ["fc-psst_multinomial-lam0_01-rho0_25", "fc-psst_multinomial-lam0_01-rho1",
+                      "fc-psst_multinomial-lam0_0025-rho0_25", "fc-psst_multinomial-lam0_0025-rho1"]
+    assert out["datasets"]["synthetic"]["runs"] == ["fc-xe", "listener", *points]
+    spec = params_mod.run_spec(out, points[1])
+    assert spec.options["lam"] == 0.01 and spec.options["rho"] == 1.0 and spec.source == "fc-psst_multinomial"
+    assert spec.decode == {**params["decode"], "beam_size": 2} and spec.init == {"model": "fc-xe", "listener": "listener"}
+    assert params_mod.expand_sweeps(out) == out  # idempotent
+    params_mod.check(out)
+
+
+def test_a_sweep_naming_an_unknown_list_or_option_is_an_error() -> None:
+    params = default_params()
+    params["runs"]["fc-scst"]["sweep"] = {"lr": "nope"}
+    with pytest.raises(CaprlError, match="runs.fc-scst.sweep.lr: 'nope' is not a list under sweeps"):
+        params_mod.expand_sweeps(params)
+    params["runs"]["fc-scst"]["sweep"] = {"alpha": [0.5]}
+    with pytest.raises(CaprlError, match="objectives.scst has no option 'alpha'"):
+        params_mod.check(params_mod.expand_sweeps(params))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 import caprl.rewards
-from caprl import workflow_plan as wp
+from caprl import params as params_mod, workflow_plan as wp
 from caprl.dvc_gen import dvc_stages
 from caprl.errors import CaprlError
 from conftest import default_params, generated_dataset, two_dataset_params
 
 
 def test_default_plan_trains_every_run_with_an_available_reward() -> None:
-    params = default_params()
+    params = params_mod.expand_sweeps(default_params())  # a swept run is one run per point
     plan = wp.build_plan(params)
     assert list(plan.datasets) == ["synthetic", "synthetic_video"]
     trained = [job.run for job in plan.trained("synthetic")]
@@ -26,6 +26,15 @@ def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     assert job.init_args() == "--init model=runs/synthetic/fc-xe/best.pt"
     assert job.spec.options["reward"] == "bcmr" and job.spec.options["rollouts"] == 3
     assert plan.attention_job("synthetic").run == "stackcap-c2f"
+    # paper 004's runs (every point of the lam / rho sweeps) hold a listener: ranked by retrieval
+    retrieved = {job.run for job in plan.retrieved("synthetic")}
+    assert "fc-psst_multinomial-lam0_05-rho1" in retrieved and "fc-frozen_speaker_mle" in retrieved
+    assert "listener" not in retrieved and "fc-xe" not in retrieved and not plan.retrieved("synthetic_video")
+    assert plan.job("synthetic", "fc-frozen_speaker_luo").init == {
+        "model": "runs/synthetic/fc-luo2018-lam0_05/best.pt", "listener": "runs/synthetic/listener/best.pt"}
+    assert plan.job("synthetic", "fc-st_gumbel-lam0_2").spec.decode["beam_size"] == 2
+    assert plan.psst_pngs("synthetic") == ["results/figures/synthetic/psst_fig3.png",
+                                           "results/figures/synthetic/psst_fig4.png"]
     video_tables = params["datasets"]["synthetic_video"]["tables"]
     assert len(plan.table_files()) == 3 * (len(params["tables"]) + len(video_tables))
     assert "results/tables/synthetic_video_sle_table3.md" in plan.table_files("synthetic_video")
@@ -53,7 +62,7 @@ def test_a_run_whose_reward_is_unavailable_is_skipped_with_its_dependents(monkey
 
 
 def test_only_captioner_runs_are_evaluated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wp, "_captioner", lambda run, method: method != "c2f")
+    monkeypatch.setattr(wp, "_roles", lambda run, method: (method != "c2f", False))
     plan = wp.build_plan(default_params())
     evaluated = {job.run for job in plan.evaluated("synthetic")}
     assert "stackcap-c2f" not in evaluated and "stackcap-xe" in evaluated

@@ -26,9 +26,13 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("caprl.training.run", "train one run (model + objective) from params.yaml"),
     "baseline": ("caprl.evaluation.baseline", "trivial baseline: the most frequent training caption for every image"),
     "evaluate": ("caprl.evaluation.run", "beam-search captions on a split and score them with the official metrics"),
+    "retrieval": ("caprl.evaluation.retrieval",
+                  "paper 004: rank every image of the split by a run's captions with its own listener (recall@K)"),
     "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
     "tables": ("caprl.tables.build", "build the result tables (Markdown, CSV, LaTeX)"),
     "attention-figure": ("caprl.figures.attention", "Stack-Cap Fig. 3: every stage's caption with its attention maps (PNG)"),
+    "psst-figures": ("caprl.figures.discriminative",
+                     "paper 004 Figs. 3-4: recall@10 against each language metric, and against rho (PNG)"),
     "dvc-yaml": ("caprl.dvc_gen", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
 }
 # Stages that maintain the repository, not steps of the DAG.

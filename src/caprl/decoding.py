@@ -91,7 +91,9 @@ class Noise:
 
 
 # --- relaxed samples (straight-through estimators), by name ------------------------------
-Estimator = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+# An estimator turns a step's log-probabilities into (the sampled word, its straight-through
+# row: one-hot forward, the distribution's gradient backward, the relaxed distribution itself).
+Estimator = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 ESTIMATORS: Registry[Callable[..., Estimator]] = Registry("relaxed-sample estimator")
 
 
@@ -102,39 +104,40 @@ def _one_hot_st(word: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 
 @ESTIMATORS.register("st_gumbel")
-def st_gumbel(tau: float = 1.0, rho: float = 0.0) -> Estimator:
-    """Straight-through Gumbel-softmax (torch's ``gumbel_softmax(hard=True)``); with ``rho`` > 0
-    a fraction rho of the rows passes the soft Gumbel-softmax sample instead (PSST)."""
+def st_gumbel(tau: float = 1.0) -> Estimator:
+    """Straight-through Gumbel-softmax (Jang et al.): the word is the argmax of a Gumbel-softmax
+    sample (torch's ``gumbel_softmax``), the relaxed row that sample itself."""
 
-    def estimate(logprobs: torch.Tensor, _gumbel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def estimate(logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         soft = F.gumbel_softmax(logprobs, tau=tau, hard=False, dim=-1)
         word = soft.argmax(dim=-1)
-        rows = _one_hot_st(word, soft)
-        return word, _partial(rows, soft, rho)
+        return word, _one_hot_st(word, soft), soft
 
     return estimate
 
 
 @ESTIMATORS.register("st_multinomial")
-def st_multinomial(tau: float = 1.0, rho: float = 0.0) -> Estimator:
-    """Straight-through multinomial sample; with ``rho`` > 0 a fraction rho of the rows passes
-    the full distribution softmax(logits / tau) (PSST multinomial)."""
+def st_multinomial(tau: float = 1.0) -> Estimator:
+    """Straight-through multinomial: the word is sampled from softmax(logits / tau), the
+    relaxed row is that whole distribution."""
 
-    def estimate(logprobs: torch.Tensor, _gumbel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def estimate(logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         probs = torch.softmax(logprobs / tau, dim=-1)
         flat = probs.detach().reshape(-1, probs.shape[-1])
         word = torch.multinomial(flat, 1).view(probs.shape[:-1])
-        return word, _partial(_one_hot_st(word, probs), probs, rho)
+        return word, _one_hot_st(word, probs), probs
 
     return estimate
 
 
-def _partial(hard_rows: torch.Tensor, soft_rows: torch.Tensor, rho: float) -> torch.Tensor:
-    """Per row, the soft distribution with probability ``rho``, else the straight-through one-hot."""
-    if rho <= 0:
-        return hard_rows
-    pick = torch.rand(hard_rows.shape[:-1], device=hard_rows.device) < rho
-    return torch.where(pick.unsqueeze(-1), soft_rows, hard_rows)
+def partial_mask(rows: int, rho: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """PSST (paper 004, sec. 5): ``[rows]`` True for the captions that pass their whole relaxed
+    distribution (exactly ``round(rho * rows)`` of them, chosen by ``generator``); the rest
+    pass straight-through one-hot rows. rho = 0 is plain straight-through."""
+    count = int(round(rho * rows))
+    pick = torch.zeros(rows, dtype=torch.bool)
+    pick[torch.randperm(rows, generator=generator)[:count]] = True
+    return pick.to(device)
 
 
 def expand(ctx: Batch, n: int) -> Batch:
@@ -169,14 +172,16 @@ def rollout(
     noise: Noise | None = None,
     per_image: int = 1,
     estimator: Estimator | None = None,
+    relaxed: torch.Tensor | None = None,
     keep_entropy: bool = False,
     keep_hidden: bool = False,
     keep_states: bool = False,
 ) -> Samples:
     """Continue the decodes of ``at`` for up to ``steps`` words (``at`` is not modified).
 
-    Choice of each word: argmax (``greedy``), an ``estimator`` (relaxed rows in
-    ``Samples.soft``), Gumbel-max with ``noise`` (``per_image`` rows per image of the
+    Choice of each word: argmax (``greedy``), an ``estimator`` (its rows in ``Samples.soft``:
+    straight-through one-hot, or the relaxed distribution for the rows where ``relaxed
+    [N]`` is True; every row reads its sampled word at the next step), Gumbel-max with ``noise`` (``per_image`` rows per image of the
     global batch), or the global torch RNG. Rows that already ended emit 0 at no cost.
     """
     state, prev, finished = at.state, at.prev, at.finished
@@ -190,8 +195,8 @@ def rollout(
         if greedy:
             word = scaled.argmax(dim=-1)
         elif estimator is not None:
-            word, soft = estimator(scaled, None)
-            softs.append(soft)
+            word, straight, soft = estimator(scaled)
+            softs.append(straight if relaxed is None else torch.where(relaxed.view(-1, 1, 1), soft, straight))
         elif noise is not None:
             gumbel = noise.gumbel(at.t + i, rows, per_image, tuple(scaled.shape[1:]), scaled.device)
             word = (scaled.detach() + gumbel).argmax(dim=-1)

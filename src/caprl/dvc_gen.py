@@ -22,8 +22,8 @@ import yaml
 
 from caprl import io, params as params_mod
 from caprl.errors import CaprlError
-from caprl.workflow_plan import (ATTENTION_DIR, BASELINE_RUN, CAPTIONS, EXAMPLES, RESULTS, SCORES, TABLES_DIR, Dataset,
-                                 Plan, TrainJob, build_plan, log_skipped)
+from caprl.workflow_plan import (ATTENTION_DIR, BASELINE_RUN, CAPTIONS, EXAMPLES, FIGURES_DIR, RESULTS, RETRIEVAL, SCORES,
+                                 TABLES_DIR, Dataset, Plan, TrainJob, build_plan, log_skipped)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ def data_stages(ds: Dataset, params: dict[str, Any]) -> dict[str, Stage]:
     stages[f"{n}-vocab"] = {
         "cmd": caprl("vocab", ds.log("vocab.log"), "--annotations", ds.annotations, "--out-vocab", ds.vocab,
                      "--out-labels", ds.labels),
-        "deps": ["src/caprl/data", ds.annotations], "params": ["vocab"], "outs": [ds.vocab, ds.labels]}
+        "deps": ["src/caprl/data", ds.annotations],
+        "params": ["vocab", *([f"datasets.{n}.vocab"] if "vocab" in params["datasets"][n] else [])],
+        "outs": [ds.vocab, ds.labels]}
     stages[f"{n}-references"] = {
         "cmd": caprl("references", ds.log(f"references_{split}.log"), "--annotations", ds.annotations, "--split", split,
                      "--out", ds.refs(split)),
@@ -98,8 +100,9 @@ def train_stage(job: TrainJob, ds: Dataset) -> Stage:
                      "--cider-df", ds.cider_df, job.init_args(), "--checkpoint", job.checkpoint,
                      "--history", job.history, "--state-dir", job.state_dir),
         "deps": ["src/caprl", ds.annotations, ds.vocab, ds.labels, ds.features, ds.cider_df, *job.init.values()],
-        "params": ["seed", "train", "decode", f"models.{spec.model}", f"objectives.{spec.method}", f"runs.{job.run}",
-                   *([f"rewards.{reward}"] if reward else [])],
+        "params": ["seed", "train", "decode", f"models.{spec.model}", f"objectives.{spec.method}",
+                   f"runs.{spec.source}", *(["sweeps"] if spec.source != job.run else []),
+                   *([f"rewards.{reward}"] if reward else []), *(["listener"] if job.retrieval else [])],
         "outs": [job.checkpoint], "metrics": [no_cache(job.history)]}
 
 
@@ -111,7 +114,18 @@ def evaluate_stage(job: TrainJob, ds: Dataset, split: str) -> Stage:
                      "--out-captions", captions, "--out-scores", scores, "--out-examples", examples),
         "deps": ["src/caprl/evaluation", job.checkpoint, ds.refs(split), ds.annotations, ds.vocab, ds.labels,
                  ds.features],
-        "params": ["evaluate", "decode"], "outs": [captions, examples], "metrics": [no_cache(scores)]}
+        "params": ["evaluate", "decode", f"runs.{job.spec.source}"], "outs": [captions, examples],
+        "metrics": [no_cache(scores)]}
+
+
+def retrieval_stage(job: TrainJob, ds: Dataset) -> Stage:
+    captions, out = job.result(CAPTIONS), job.result(RETRIEVAL)
+    return {
+        "cmd": caprl("retrieval", ds.log(f"retrieval/{job.run}.log"), "--dataset", ds.name, "--run", job.run,
+                     "--checkpoint", job.checkpoint, "--captions", captions, *data_args(ds), "--out", out),
+        "deps": ["src/caprl/evaluation", "src/caprl/retrieval", job.checkpoint, captions, ds.annotations, ds.vocab,
+                 ds.labels, ds.features],
+        "params": ["evaluate.split", "listener"], "metrics": [no_cache(out)]}
 
 
 def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
@@ -119,6 +133,7 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
     split = params["evaluate"]["split"]
     stages = {f"{n}-train-{job.run}": train_stage(job, ds) for job in plan.trained(n)}
     stages.update({f"{n}-evaluate-{job.run}": evaluate_stage(job, ds, split) for job in plan.evaluated(n)})
+    stages.update({f"{n}-retrieval-{job.run}": retrieval_stage(job, ds) for job in plan.retrieved(n)})
     captions, scores, examples = (p.format(dataset=n, run=BASELINE_RUN) for p in (CAPTIONS, SCORES, EXAMPLES))
     stages[f"{n}-baseline"] = {
         "cmd": caprl("baseline", ds.log(f"evaluate/{BASELINE_RUN}.log"), "--dataset", n, "--annotations",
@@ -142,8 +157,15 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
         stages[f"{n}-table-{table}"] = {
             "cmd": caprl("tables", ds.log(f"tables_{table}.log"), "--dataset", n, "--table", table,
                          "--results-dir", RESULTS.format(dataset=n), "--out-dir", TABLES_DIR),
-            "deps": ["src/caprl/tables", *plan.scores(n)], "params": ["tables", "runs", f"datasets.{n}"],
+            "deps": ["src/caprl/tables", *plan.scores(n), *plan.retrieval_files(n)],
+            "params": ["tables", "runs", f"datasets.{n}", "discriminative"],
             "outs": [no_cache(path) for path in plan.table_files(n) if f"/{n}_{table}." in path]}
+    if plan.psst_pngs(n):
+        stages[f"{n}-psst_figures"] = {
+            "cmd": caprl("psst-figures", ds.log("psst_figures.log"), "--dataset", n,
+                         "--results-dir", RESULTS.format(dataset=n), "--out-dir", FIGURES_DIR.format(dataset=n)),
+            "deps": ["src/caprl/figures", *plan.scores(n), *plan.retrieval_files(n)],
+            "params": ["runs", "discriminative"], "outs": plan.psst_pngs(n)}
     return stages
 
 

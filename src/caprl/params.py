@@ -76,8 +76,67 @@ def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
     if not isinstance(params, dict):
         raise CaprlError(f"{p}: expected a mapping of sections at the top level")
     validate(params, find_schema(p), source=str(p))
+    params = expand_sweeps(params)
     check(params)
     return params
+
+
+# -- sweeps: one run per point ------------------------------------------------------------------
+
+SWEPT_FROM = "swept_from"  # key of an expanded point: the params.yaml run it comes from
+
+
+def point_name(run: str, point: dict[str, Any]) -> str:
+    """``fc-psst_multinomial`` + {lam: 0.01, rho: 0.25} -> ``fc-psst_multinomial-lam0_01-rho0_25``."""
+    def text(value: Any) -> str:
+        return format(value, "g").replace(".", "_").replace("-", "m").replace("+", "")
+
+    return "-".join([run, *(f"{option}{text(value)}" for option, value in point.items())])
+
+
+def expand_sweeps(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with every run that has a ``sweep:`` replaced by one run per point of the
+    product of its option lists (its own job), named by :func:`point_name`; the swept values
+    become the point's ``options``. A list given by name is ``sweeps.<name>``. A dataset's
+    ``runs:`` list naming a swept run names all its points. Idempotent (points have no sweep)."""
+    import itertools
+
+    runs = params["runs"]
+    if not any("sweep" in entry for entry in runs.values()):
+        return params
+    lists = params.get("sweeps", {})
+    expanded: dict[str, Any] = {}
+    points_of: dict[str, list[str]] = {}
+    for run, entry in runs.items():
+        if "sweep" not in entry:
+            expanded[run] = entry
+            continue
+        axes = {}
+        for option, values in entry["sweep"].items():
+            if isinstance(values, str):
+                if values not in lists:
+                    raise CaprlError(f"runs.{run}.sweep.{option}: '{values}' is not a list under sweeps: "
+                                     f"({', '.join(lists) or 'none'})")
+                values = lists[values]
+            axes[option] = list(values)
+        base = {k: v for k, v in entry.items() if k != "sweep"}
+        points_of[run] = []
+        for combo in itertools.product(*axes.values()):
+            point = dict(zip(axes, combo))
+            name = point_name(run, point)
+            if name in runs or name in expanded:
+                raise CaprlError(f"runs.{run}.sweep: its point {name} is also defined under runs:")
+            expanded[name] = {**base, "options": {**base.get("options", {}), **point}, SWEPT_FROM: run}
+            points_of[run].append(name)
+    out = dict(params)
+    out["runs"] = expanded
+    datasets = {}
+    for name, spec in params["datasets"].items():
+        if "runs" in spec:
+            spec = {**spec, "runs": [p for run in spec["runs"] for p in points_of.get(run, [run])]}
+        datasets[name] = spec
+    out["datasets"] = datasets
+    return out
 
 
 # -- what the schema cannot say: names that refer to other sections -------------------------
@@ -149,6 +208,9 @@ class RunSpec:
     options: dict[str, Any]
     init: dict[str, str] = field(default_factory=dict)
     datasets: list[str] = field(default_factory=list)
+    decode: dict[str, Any] = field(default_factory=dict)  # evaluation's decoding: decode: + the run's own
+    source: str = ""  # the params.yaml entry: the run itself, or the swept run this is a point of
+
 
 
 def run_spec(params: dict[str, Any], run: str) -> RunSpec:
@@ -180,7 +242,8 @@ def run_spec(params: dict[str, Any], run: str) -> RunSpec:
         datasets = [ds for ds in listed if params["datasets"][ds]["enabled"]]
     datasets = [ds for ds in datasets if run in params["datasets"][ds].get("runs", params["runs"])]
     return RunSpec(name=run, method=method, model=model, options={**defaults, **overrides},
-                   init=dict(entry.get("init", {})), datasets=datasets)
+                   init=dict(entry.get("init", {})), datasets=datasets,
+                   decode={**params["decode"], **entry.get("decode", {})}, source=entry.get(SWEPT_FROM, run))
 
 
 def enabled_datasets(params: dict[str, Any]) -> list[str]:
@@ -203,3 +266,12 @@ def dataset_spec(params: dict[str, Any], name: str) -> dict[str, Any]:
     spec["synthetic"] = {**params["synthetic"], **spec.get("synthetic", {})}
     spec["name"] = name
     return spec
+
+
+def dataset_vocab(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """The vocabulary settings of dataset ``name``: the ``vocab:`` section (``min_count``,
+    ``max_length``) with the dataset's own ``datasets.<name>.vocab`` overrides on top."""
+    datasets = params["datasets"]
+    if name not in datasets:
+        raise CaprlError(f"datasets.{name}: no such dataset in params.yaml (datasets: {', '.join(datasets)})")
+    return {**params["vocab"], **datasets[name].get("vocab", {})}

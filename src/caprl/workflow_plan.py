@@ -50,6 +50,10 @@ RESULTS = "results/{dataset}"
 CAPTIONS = "results/{dataset}/{run}/captions.json"
 SCORES = "results/{dataset}/{run}/scores.json"
 EXAMPLES = "results/{dataset}/{run}/examples.json"
+RETRIEVAL = "results/{dataset}/{run}/retrieval.json"
+FIGURES_DIR = "results/figures/{dataset}"
+PSST_FIGURES = ("psst_fig3", "psst_fig4")  # paper 004's Fig. 3 and Fig. 4
+PSST_PNG = "results/figures/{dataset}/{figure}.png"
 ATTENTION_DIR = "results/figures/{dataset}/attention"
 ATTENTION_PNG = "results/figures/{dataset}/attention/attention_{k}.png"
 TABLES_DIR = "results/tables"
@@ -128,6 +132,7 @@ class TrainJob:
     dataset: str
     spec: RunSpec
     captioner: bool
+    retrieval: bool = False  # a captioner whose run holds a listener: ranked by the retrieval stage
 
     @property
     def run(self) -> str:
@@ -175,6 +180,19 @@ class Plan:
     def trained(self, dataset: str) -> list[TrainJob]:
         return [job for (ds, _), job in self.jobs.items() if ds == dataset]
 
+    def retrieved(self, dataset: str) -> list[TrainJob]:
+        """The evaluated jobs whose checkpoint holds a listener (paper 004's methods)."""
+        return [job for job in self.evaluated(dataset) if job.retrieval]
+
+    def retrieval_files(self, dataset: str) -> list[str]:
+        return [job.result(RETRIEVAL) for job in self.retrieved(dataset)]
+
+    def psst_pngs(self, dataset: str) -> list[str]:
+        """Paper 004's Figs. 3-4 of ``dataset``: drawn where it has runs with a listener."""
+        if not self.retrieved(dataset):
+            return []
+        return [PSST_PNG.format(dataset=dataset, figure=figure) for figure in PSST_FIGURES]
+
     def evaluated(self, dataset: str) -> list[TrainJob]:
         """The jobs whose objective yields a caption model: evaluated, shown in the tables."""
         return [job for job in self.trained(dataset) if job.captioner]
@@ -215,6 +233,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
     """The plan of a validated params dict; CaprlError naming the key for a bad reference."""
     from caprl.data.readers import build_reader
 
+    params = params_mod.expand_sweeps(params)
     params_mod.check(params)
     datasets = {}
     for name in params_mod.enabled_datasets(params):
@@ -230,7 +249,8 @@ def build_plan(params: dict[str, Any]) -> Plan:
         reason = _skip_reason(params, specs, run, reasons)
         for dataset in spec.datasets:
             if reason is None:
-                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, _captioner(run, spec.method))
+                captioner, retrieval = _roles(run, spec.method)
+                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval)
             else:
                 plan.skipped[(dataset, run)] = reason
     return plan
@@ -277,7 +297,9 @@ def _skip_reason(params: dict[str, Any], specs: dict[str, RunSpec], run: str,
     return reason
 
 
-def _captioner(run: str, method: str) -> bool:
+def _roles(run: str, method: str) -> tuple[bool, bool]:
+    """(the method yields a caption model, its runs hold a listener for the retrieval stage)."""
     from caprl.objectives import OBJECTIVES
 
-    return bool(OBJECTIVES.get(method, where=f"runs.{run}.method").captioner)
+    cls = OBJECTIVES.get(method, where=f"runs.{run}.method")
+    return bool(cls.captioner), bool(cls.captioner and getattr(cls, "retrieval", False))

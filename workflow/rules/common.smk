@@ -22,7 +22,8 @@ GENERATED_VIDEOS = [ds for ds, spec in DATASETS.items() if spec.generate and spe
 EVAL_SPLIT = config["evaluate"]["split"]
 TABLE_FILES = PLAN.table_files()
 TABLE_NAMES = sorted({table for ds in DATASETS for table in PLAN.tables(ds)})
-FIGURE_FILES = [png for ds in DATASETS for png in PLAN.attention_pngs(ds)]
+FIGURE_FILES = [png for ds in DATASETS for png in PLAN.attention_pngs(ds) + PLAN.psst_pngs(ds)]
+RUNS = PLAN.params["runs"]  # runs: with every sweep expanded into its points
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches on CPU.
 TRAIN_GPUS = config["train"]["gpus"]
@@ -51,7 +52,8 @@ def media_root(wildcards):
 
 
 def synthesize_settings(wildcards):
-    return {"synthetic": config["synthetic"], "dataset": config["datasets"][wildcards.dataset], "seed": config["seed"]}
+    entry = {k: v for k, v in config["datasets"][wildcards.dataset].items() if k not in ("vocab", "runs", "tables")}
+    return {"synthetic": config["synthetic"], "dataset": entry, "seed": config["seed"]}
 
 
 def prepare_settings(wildcards):
@@ -94,13 +96,19 @@ def run_settings(wildcards):
 
 
 def table_scores(wildcards):
-    return PLAN.scores(wildcards.dataset)
+    """Every score file of the dataset, and the retrieval results of its runs with a listener."""
+    return PLAN.scores(wildcards.dataset) + PLAN.retrieval_files(wildcards.dataset)
 
 
 def table_settings(wildcards):
     """What a table depends on besides the score files (a change rebuilds it)."""
-    return {"tables": PLAN.tables(wildcards.dataset), "runs": config["runs"],
-            "dataset": config["datasets"][wildcards.dataset]}
+    return {"tables": PLAN.tables(wildcards.dataset), "runs": RUNS, "dataset": config["datasets"][wildcards.dataset],
+            "discriminative": config["discriminative"]}
+
+
+def evaluate_settings(wildcards):
+    """What an evaluation depends on: evaluate:, and the run's decoding (decode: + its own)."""
+    return {"evaluate": config["evaluate"], "decode": train_job(wildcards).spec.decode}
 
 
 def attention_checkpoint(wildcards):

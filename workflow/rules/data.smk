@@ -49,6 +49,9 @@ rule prepare:
         " --media-root {input.media} --out {output}"
 
 
+from caprl.params import dataset_vocab
+
+
 rule vocab:
     input:
         wp.ANNOTATIONS,
@@ -56,7 +59,8 @@ rule vocab:
         vocab=wp.VOCAB,
         labels=wp.LABELS,
     params:
-        settings=config["vocab"],
+        # vocab: with datasets.<name>.vocab on top: a change reruns only that dataset's vocabulary
+        settings=lambda wildcards: dataset_vocab(config, wildcards.dataset),
     log:
         "logs/{dataset}/vocab.log",
     shell:

@@ -12,7 +12,7 @@ rule evaluate:
         scores=wp.SCORES,
         examples=wp.EXAMPLES,
     params:
-        settings={"evaluate": config["evaluate"], "decode": config["decode"]},
+        settings=evaluate_settings,
     log:
         "logs/{dataset}/evaluate/{run}.log",
     shell:
@@ -37,3 +37,31 @@ rule baseline:
     shell:
         "caprl baseline --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
         " --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores} --out-examples {output.examples}"
+
+
+# Per run whose checkpoint holds a listener (paper 004): its evaluated captions ranked by its
+# listener against every image of the evaluation split (recall@1/5/10, mean rank).
+RETRIEVED_RUNS = sorted({job.run for ds in DATASETS for job in PLAN.retrieved(ds)})
+
+if RETRIEVED_RUNS:
+
+    rule retrieval:
+        input:
+            checkpoint=wp.CHECKPOINT,
+            captions=wp.CAPTIONS,
+            annotations=wp.ANNOTATIONS,
+            vocab=wp.VOCAB,
+            labels=wp.LABELS,
+            features=features_file,
+        output:
+            wp.RETRIEVAL,
+        wildcard_constraints:
+            run=one_of(RETRIEVED_RUNS),
+        params:
+            settings={"split": EVAL_SPLIT, "listener": config["listener"]},
+        log:
+            "logs/{dataset}/retrieval/{run}.log",
+        shell:
+            "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+            " --checkpoint {input.checkpoint} --captions {input.captions} --annotations {input.annotations}"
+            " --vocab {input.vocab} --labels {input.labels} --features {input.features} --out {output}"

@@ -27,3 +27,28 @@ if ATTENTION_DATASETS:
             "caprl attention-figure --params {PARAMS} --log {log} --dataset {wildcards.dataset} --checkpoint {input.checkpoint}"
             " --annotations {input.annotations} --features {input.features} --vocab {input.vocab}"
             " --labels {input.labels} --image-root {input.images} --out-dir {params.out_dir} --n-images {params.n}"
+
+
+# Paper 004's Fig. 3 (recall@10 against each language metric, one curve per method over its
+# lam points) and Fig. 4 (recall@10 at a fixed CIDEr-D against rho), per dataset with runs
+# that hold a listener.
+PSST_DATASETS = [ds for ds in DATASETS if PLAN.psst_pngs(ds)]
+
+if PSST_DATASETS:
+
+    rule psst_figures:
+        input:
+            table_scores,
+        output:
+            expand(wp.PSST_PNG, dataset="{dataset}", figure=wp.PSST_FIGURES),
+        wildcard_constraints:
+            dataset=one_of(PSST_DATASETS),
+        params:
+            results=wp.RESULTS,
+            out_dir=wp.FIGURES_DIR,
+            settings=table_settings,
+        log:
+            "logs/{dataset}/psst_figures.log",
+        shell:
+            "caprl psst-figures --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
+            " --results-dir {params.results} --out-dir {params.out_dir}"

@@ -3,14 +3,17 @@
 The dataset's ``format`` picks the reader (:mod:`caprl.data.readers`); this module holds the
 ``karpathy`` one (COCO, Flickr30k, synthetic). Input: Karpathy's ``dataset_<name>.json``
 ({"images": [{"filepath"?, "filename", "imgid",
-"cocoid"?, "split", "sentences": [{"tokens"?, "raw"}]}]}). Output, sorted by id::
+"cocoid"?, "split", "sentences": [{"tokens"?, "raw"}]}]}). COCO's file has ``filepath``
+(``train2014``/``val2014``) and ``cocoid``; Flickr30k's has neither: its images are
+``media_root/filename``, one folder. Output, sorted by id::
 
     {"dataset": <the dataset's name under datasets:>,
      "images": [{"id": int, "file": "<path relative to image_root>", "split": "train"|"val"|"test",
                  "captions": [[token, ...], ...], "raw": [sentence, ...]}, ...],
      "stats": {...counts of what was read, remapped and dropped...}}
 
-``id`` is ``cocoid`` when present (COCO), else ``imgid``. Karpathy's ``restval`` split is
+``id`` is ``cocoid`` when present (COCO), else ``imgid`` (Flickr30k); ``file`` is
+``filepath/filename``, or ``filename`` without a ``filepath``. Karpathy's ``restval`` split is
 training data, as in the standard preprocessing. Tokens are lower-case with punctuation
 stripped (Karpathy's tokenisation); empty captions, and images left with none, are dropped.
 """
@@ -39,7 +42,8 @@ REAL_DATA_HELP = {
     ),
     "flickr30k": (
         "Get dataset_flickr30k.json from Karpathy's 'caption_datasets' release (caption_datasets.zip) and the "
-        "Flickr30k images (flickr30k-images/, the folder datasets.flickr30k.media_root points at)"
+        "Flickr30k images (flickr30k-images/, the one folder datasets.flickr30k.media_root points at; request "
+        "form at https://shannon.cs.illinois.edu/DenotationGraph/)"
     ),
     "synthetic": (
         "Generate it with `caprl synthesize` (the workflow does so when datasets.<name>.generate is true)"
@@ -123,9 +127,11 @@ def prepare_annotations(data: dict[str, Any], dataset: str, source: str = "<karp
             raise CaprlError(f"{source}: images[{index}] repeats id {image_id} of images[{first_index[image_id]}]")
         first_index[image_id] = index
         filename = _required(image, "filename", index, source)
-        filepath = image.get("filepath") or ""
-        if not isinstance(filename, str) or not filename or not isinstance(filepath, str):
-            raise CaprlError(f"{source}: images[{index}] filename/filepath must be non-empty strings")
+        if not isinstance(filename, str) or not filename:
+            raise CaprlError(f"{source}: images[{index}].filename must be a non-empty string, not {filename!r}")
+        filepath = image.get("filepath") or ""  # absent (Flickr30k): the image is media_root/filename
+        if not isinstance(filepath, str):
+            raise CaprlError(f"{source}: images[{index}].filepath must be a string, not {filepath!r}")
         sentences = _required(image, "sentences", index, source)
         if not isinstance(sentences, list):
             raise CaprlError(f"{source}: images[{index}].sentences is not a list")
@@ -166,7 +172,8 @@ def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) ->
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise CaprlError(
             f"{len(missing)} of {len(annotations['images'])} images are missing under {image_root}: {shown}. "
-            f"Check datasets.{dataset}.media_root (media_root/filepath/filename must exist) or finish the download."
+            f"Check datasets.{dataset}.media_root (media_root/filepath/filename, or media_root/filename when the "
+            "JSON has no filepath, must exist) or finish the download."
         )
 
 

@@ -1,7 +1,8 @@
 """``caprl vocab``: the vocabulary and the HDF5 label file, from the normalised annotations.
 
-Vocabulary: words seen at least ``vocab.min_count`` times in the TRAIN captions (sorted by
-count, then alphabetically); everything else maps to ``UNK``. Index 0 is ``<eos>``: the
+Vocabulary: words seen at least ``min_count`` times in the TRAIN captions (sorted by
+count, then alphabetically); everything else maps to ``UNK``. ``min_count`` and ``max_length``
+come from params.yaml ``vocab:``, overridden per dataset by ``datasets.<name>.vocab``. Index 0 is ``<eos>``: the
 end-of-caption token, the padding, and the start token fed to the decoder. ``vocab.json``::
 
     {"idx_to_word": ["<eos>", w1, ..., "UNK"], "min_count": int, "max_length": int,
@@ -238,10 +239,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-labels", required=True, type=Path, help="labels HDF5 to write")
 
 
+def vocab_settings(params: dict[str, Any], annotations: dict[str, Any], source: Path) -> dict[str, Any]:
+    """``min_count`` and ``max_length`` for the annotations' dataset (its ``"dataset"``, the name
+    under ``datasets:`` that ``caprl prepare`` wrote): :func:`caprl.params.dataset_vocab`; the
+    top-level ``vocab:`` section for a dataset params.yaml does not define."""
+    name = annotations["dataset"]
+    if name in params["datasets"]:
+        return params_mod.dataset_vocab(params, name)
+    log.info("%s: dataset %r is not under datasets: in params.yaml; using the top-level vocab: settings",
+             source, name)
+    return dict(params["vocab"])
+
+
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     annotations = load_annotations(args.annotations)
-    vocab = build_vocab(annotations, params["vocab"]["min_count"], params["vocab"]["max_length"])
+    settings = vocab_settings(params, annotations, args.annotations)
+    vocab = build_vocab(annotations, settings["min_count"], settings["max_length"])
     arrays = encode_labels(annotations, vocab)
     write_labels(args.out_labels, arrays, vocab)
     io.write_json(args.out_vocab, vocab.to_json(), indent=1)

@@ -94,11 +94,22 @@ def main(args: argparse.Namespace) -> None:
     if missing:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
-    decode = params["decode"]
+    decode = run_decode(params, args.run, ckpt.run)
     captions = decoded_captions(model, data, ids, decode["method"], params["evaluate"]["batch_size"],
                                 beam_size=decode["beam_size"], max_length=decode["max_length"])
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
-    extra = {"diversity": diversity_report(model, data, ids, references, params)}
+    extra = {}
+    if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:
+        extra["diversity"] = diversity_report(model, data, ids, references, params)
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples, extra=extra)
+
+
+def run_decode(params: dict[str, Any], run: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The run's evaluation decoding: ``decode:`` with the run's own ``decode:`` on top (paper
+    004's runs: beam 2). A run no longer in params.yaml is decoded with ``decode:``."""
+    if run in params["runs"]:
+        return params_mod.run_spec(params, run).decode
+    log.warning("run %s is not in params.yaml (checkpoint of %s): decoding with decode:", run, record.get("name"))
+    return dict(params["decode"])

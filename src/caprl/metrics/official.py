@@ -133,7 +133,24 @@ class OfficialScorer:
 
     # -- METEOR's long-lived JVM -------------------------------------------------------
     def meteor(self, gts: Mapping[Hashable, list[str]], res: Mapping[Hashable, list[str]]) -> tuple[float, list[float]]:
-        """pycocoevalcap ``Meteor.compute_score`` on already-tokenised strings."""
+        """pycocoevalcap ``Meteor.compute_score`` on already-tokenised strings.
+
+        When ``$CAPRL_METEOR_SOCKET`` names a live METEOR server (the workflow's shared JVM,
+        :mod:`caprl.metrics.meteor_server`), the strings are scored there: the same jar and
+        class on the same strings, so the same numbers, without this process paying the JVM's
+        ~6 s start-up. If the variable is unset or the server is missing or fails, this scorer
+        logs it once and uses its own JVM from then on.
+        """
+        socket_path = os.environ.get("CAPRL_METEOR_SOCKET")
+        dead: set[str] = self.__dict__.setdefault("_dead_meteor_sockets", set())  # servers that failed us
+        if socket_path and socket_path not in dead:
+            from caprl.metrics.meteor_server import MeteorClient
+
+            try:
+                return MeteorClient(socket_path).compute_score(gts, res)
+            except CaprlError as exc:  # MeteorServerError, or a path too long for a Unix socket
+                dead.add(socket_path)
+                log.info("METEOR server unusable (%s); starting this process's own METEOR JVM", exc)
         with self._lock:
             if self._meteor is None:
                 from pycocoevalcap.meteor.meteor import Meteor

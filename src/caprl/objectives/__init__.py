@@ -1,6 +1,6 @@
 """Training methods by name: importing this package registers every objective."""
 
-from caprl.objectives import c2f, pg_spider, scst, sle, xe  # noqa: F401  (registration side effect)
+from caprl.objectives import c2f, discriminative, listener, pg_spider, scst, sle, xe  # noqa: F401  (registers them)
 from caprl.objectives.base import (OBJECTIVES, Batch, Objective, ObjectiveEnv, Options, build_objective,
                                    register_objective)
 

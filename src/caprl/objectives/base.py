@@ -98,6 +98,8 @@ class Objective(nn.Module):
     captioner: bool = True
     #: validation metric that picks the best epoch (a key of the validator's output)
     select: str = "CIDEr-D"
+    #: True if the method trains or holds a listener (role ``listener``): its runs get a retrieval evaluation
+    retrieval: bool = False
 
     def __init__(self, options: Options, env: ObjectiveEnv, model: CaptionModel) -> None:
         super().__init__()

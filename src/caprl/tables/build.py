@@ -76,9 +76,10 @@ def unavailable_notes(scores: Scores) -> list[str]:
     return [f"{m}: not computed ({r})." for m, r in sorted(reasons.items())]
 
 
-def with_paper(dataset: str) -> bool:
-    """True where the dataset is the papers' own, so their numbers can stand beside ours."""
-    return dataset == PAPER_DATASET
+def with_paper(dataset: str, home: str = PAPER_DATASET) -> bool:
+    """True where the dataset is the paper's own (``home``: the dataset of the paper's table;
+    coco for most), so its numbers can stand beside ours."""
+    return dataset == home
 
 
 def title(params: dict[str, Any], dataset: str, what: str) -> str:
@@ -128,6 +129,8 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
 
 def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) -> Scores:
     """``<results_dir>/<run>/scores.json`` of every run that has one; a missing run shows as —.
+    Where ``<results_dir>/<run>/retrieval.json`` exists too (``caprl retrieval``), its content
+    is attached as the report's ``retrieval``.
 
     A file of another run, or (when ``dataset`` is given) of another dataset, is an error."""
     out: Scores = {}
@@ -143,8 +146,23 @@ def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) 
             raise CaprlError(f"{p}: holds the scores of run '{report['run']}', not of '{run}'")
         if dataset is not None and report.get("dataset", dataset) != dataset:
             raise CaprlError(f"{p}: scores of dataset '{report['dataset']}', not of --dataset {dataset}")
+        retrieval = results_dir / run / "retrieval.json"
+        if retrieval.exists():
+            report["retrieval"] = load_retrieval(retrieval, run, dataset)
         out[run] = report
     return out
+
+
+def load_retrieval(path: Path, run: str, dataset: str | None = None) -> dict[str, Any]:
+    """A ``caprl retrieval`` report of ``run`` (of ``dataset`` where given), else CaprlError."""
+    report = io.read_json(path, "retrieval report")
+    if not isinstance(report, dict) or "run" not in report or "R@10" not in report:
+        raise CaprlError(f"{path}: not a caprl retrieval report (needs 'run' and 'R@10')")
+    if report["run"] != run:
+        raise CaprlError(f"{path}: holds the retrieval results of run '{report['run']}', not of '{run}'")
+    if dataset is not None and report.get("dataset", dataset) != dataset:
+        raise CaprlError(f"{path}: retrieval results of dataset '{report['dataset']}', not of --dataset {dataset}")
+    return report
 
 
 def build_tables(params: dict[str, Any], dataset: str, scores: Scores,

@@ -22,6 +22,7 @@ from caprl import checkpoint, io, params as params_mod
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
+from caprl.retrieval import ListenerConfig
 from caprl.rewards import (build_configured_reward, build_reward, compute_document_frequencies,
                            load_document_frequencies)
 from caprl.seeding import seed_everything
@@ -118,8 +119,15 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
             rewards[name] = build_configured_reward(name, params, train_refs, df)
         return rewards[name]
 
+    # what objectives may read besides the model: the listener's sizes (paper 004's methods build
+    # theirs from it; they name the section when it is missing), the pooled feature size, the
+    # seed, the optimiser steps of an epoch
+    steps = -(-len(data.split_ids("train")) // params["train"]["batch_size"])
+    extras: dict[str, Any] = {"feat_dim": data.feat_dim, "seed": params["seed"], "steps_per_epoch": steps}
+    if "listener" in params:
+        extras["listener"] = ListenerConfig.from_dict(params["listener"])
     env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=params["decode"]["max_length"],
-                       global_sum=dist.sum, world_size=dist.world)
+                       global_sum=dist.sum, world_size=dist.world, extras=extras)
     objective = build_objective(spec.method, spec.options, env, model, where=f"runs.{run}")
     load_inits({checkpoint.MODEL: model, **objective.modules_to_save()}, inits, spec.init, run, data.vocab.sha256)
     t = params["train"]
@@ -133,6 +141,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     meta = RunMeta(arch=arch, run=run_record, vocab_sha256=data.vocab.sha256,
                    config_hash=config_hash(run_record, arch, model_params, t, params["seed"], params["decode"],
                                            params["rewards"].get(reward_name) if reward_name else None,
+                                           params.get("listener") if objective.modules_to_save() else None,
                                            fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])))
     experiment = params["tracking"]["experiment"]
     previous = state_dir / "last.pt"

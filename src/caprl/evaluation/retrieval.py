@@ -1,0 +1,153 @@
+"""``caprl retrieval``: how well a run's own listener finds each image from its generated caption.
+
+Paper 004, sec. 6.2: every caption of the evaluation split (``captions.json`` of ``caprl
+evaluate``, the captions that were scored) is embedded by the run's listener (the module
+``listener`` of its checkpoint; its sizes are params.yaml ``listener:``) and compared by
+cosine with every image of the split (5,000 on COCO, 1,000 on Flickr30K); the rank of its own
+image gives recall@1/5/10 and the mean and median rank (:func:`caprl.retrieval.recall_report`;
+ties count against the caption). Writes ``{"run", "dataset", "split", "listener", "R@1", "R@5",
+"R@10", "mean_rank", "median_rank", "n_images", "ranks": {image_id: rank}}`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from caprl import checkpoint, io, params as params_mod
+from caprl.data.loader import CaptionData, Loading, add_data_arguments
+from caprl.data.vocab import Vocab
+from caprl.device import default_device
+from caprl.errors import CaprlError
+from caprl.retrieval import Listener, ListenerConfig, ranks_of, recall_report
+
+log = logging.getLogger(__name__)
+
+LISTENER = "listener"  # the checkpoint role of a run's listener
+OWN_LISTENER = "the run's own"  # the report's "listener": which listener ranked the captions
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--checkpoint", required=True, help="the run's best.pt (must hold a listener)")
+    parser.add_argument("--captions", required=True,
+                        help="the run's captions.json from `caprl evaluate`: [{image_id, caption}]")
+    add_data_arguments(parser)
+    parser.add_argument("--out", required=True, help="output: results/<dataset>/<run>/retrieval.json")
+
+
+def encode_captions(captions: Sequence[dict[str, Any]], vocab: Vocab, where: str) -> dict[int, list[int]]:
+    """``captions.json`` entries -> image id -> token ids; a word outside the vocabulary is an
+    error (generated captions only use vocabulary words)."""
+    out: dict[int, list[int]] = {}
+    for entry in captions:
+        if not isinstance(entry, dict) or "image_id" not in entry or "caption" not in entry:
+            raise CaprlError(f"{where}: expected a list of {{image_id, caption}} (caprl evaluate's captions.json)")
+        words = str(entry["caption"]).split()
+        unknown = [w for w in words if w not in vocab.word_to_idx]
+        if unknown:
+            raise CaprlError(f"{where}: image {entry['image_id']}: word '{unknown[0]}' is not in the vocabulary "
+                             "(captions of another vocabulary?)")
+        image_id = int(entry["image_id"])
+        if image_id in out:
+            raise CaprlError(f"{where}: image {image_id} has more than one caption")
+        out[image_id] = vocab.encode(words)
+    return out
+
+
+def token_matrix(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """``[N, T]`` token ids, each row ended by 0 (the end token) and padded with 0."""
+    width = max([len(r) for r in rows] + [0]) + 1
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+    return out
+
+
+@torch.no_grad()
+def retrieval_ranks(listener: Listener, captions: Mapping[int, Sequence[int]], image_ids: Sequence[int],
+                    pooled: torch.Tensor | np.ndarray, batch_size: int = 500,
+                    device: torch.device | None = None) -> dict[int, int]:
+    """The rank (1 = first) of each caption's own image among ``image_ids`` (their pooled features
+    ``[B, D]``, one row each, in that order) by the listener's cosine; batches on ``device``."""
+    device = device or next(listener.parameters()).device
+    pooled = torch.as_tensor(pooled)
+    if pooled.shape[0] != len(image_ids):
+        raise CaprlError(f"{len(image_ids)} images but {pooled.shape[0]} rows of pooled features")
+    column = {int(i): k for k, i in enumerate(image_ids)}
+    absent = [i for i in captions if i not in column]
+    if absent:
+        raise CaprlError(f"{len(absent)} captioned images are not among the ranked images (e.g. {absent[:3]})")
+    listener = listener.to(device).eval()
+    images = torch.cat([listener.embed_images(pooled[k:k + batch_size].to(device).float())
+                        for k in range(0, len(image_ids), batch_size)])
+    ids = list(captions)
+    ranks: dict[int, int] = {}
+    for k in range(0, len(ids), batch_size):
+        chunk = ids[k:k + batch_size]
+        words = token_matrix([captions[i] for i in chunk]).to(device)
+        sim = listener.embed_captions(words) @ images.t()
+        target = torch.as_tensor([column[i] for i in chunk], device=device)
+        ranks.update(zip(chunk, (int(r) for r in ranks_of(sim.cpu(), target.cpu()))))
+    return ranks
+
+
+def load_listener(path: str | Path, params: dict[str, Any], vocab_size: int, feat_dim: int,
+                  vocab_sha256: str) -> Listener:
+    """The run's listener from its checkpoint (sizes: params.yaml ``listener:``)."""
+    ckpt = checkpoint.load(path, vocab_sha256=vocab_sha256)
+    if LISTENER not in ckpt.modules:
+        method = ckpt.run.get("method", "?")
+        raise CaprlError(f"{path} holds no listener (modules: {', '.join(sorted(ckpt.modules))}): "
+                         f"the run's method '{method}' has no listener to rank images with")
+    if "listener" not in params:
+        raise CaprlError("params.yaml: no listener: section (word_size, hidden_size, margin)")
+    listener = Listener(ListenerConfig.from_dict(params["listener"]), vocab_size, feat_dim)
+    try:
+        listener.load_state_dict(ckpt.module(LISTENER, where=str(path)).state)
+    except RuntimeError as exc:
+        raise CaprlError(f"{path}: its listener does not fit params.yaml listener: and the data "
+                         f"(vocabulary {vocab_size}, features {feat_dim}): {exc}") from exc
+    return listener
+
+
+def pooled_features(data: CaptionData, image_ids: list[int], batch_size: int) -> torch.Tensor:
+    """``[B, D]`` pooled features of the images, read in batches (the regions are dropped)."""
+    return torch.cat([data.features_of(image_ids[k:k + batch_size])[0].float()
+                      for k in range(0, len(image_ids), batch_size)])
+
+
+def retrieval_report(params: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Rank the run's captions with its listener against every image of the evaluation split."""
+    data = CaptionData.from_args(args, Loading.from_params(params))
+    listener = load_listener(args.checkpoint, params, len(data.vocab), data.feat_dim, data.vocab.sha256)
+    captions = encode_captions(io.read_json(args.captions, "captions file (caprl evaluate)"), data.vocab,
+                               str(args.captions))
+    split = params["evaluate"]["split"]
+    ids = data.split_ids(split)
+    missing, extra = sorted(set(ids) - set(captions)), sorted(set(captions) - set(ids))
+    if missing or extra:
+        raise CaprlError(f"{args.captions}: not the {split} split's captions ({len(missing)} of its {len(ids)} "
+                         f"images without a caption, e.g. {missing[:3]}; {len(extra)} other images, e.g. {extra[:3]})")
+    batch_size = params["evaluate"]["batch_size"]
+    ranks = retrieval_ranks(listener, captions, ids, pooled_features(data, ids, batch_size), batch_size,
+                            default_device())
+    report = recall_report([ranks[i] for i in ids])
+    return {"run": args.run, "dataset": args.dataset, "split": split, "listener": OWN_LISTENER, **report,
+            "ranks": {str(i): ranks[i] for i in ids}}
+
+
+def main(args: argparse.Namespace) -> None:
+    params = params_mod.load(args.params)
+    torch.set_num_threads(max(1, params["train"]["num_threads"]))
+    report = retrieval_report(params, args)
+    io.write_json(args.out, report)
+    log.info("%s retrieval (%s, %d images): R@1 %.1f%%, R@5 %.1f%%, R@10 %.1f%%, mean rank %.1f -> %s",
+             args.run, report["split"], report["n_images"], 100 * report["R@1"], 100 * report["R@5"],
+             100 * report["R@10"], report["mean_rank"], args.out)

@@ -1,0 +1,211 @@
+"""Naturalness-vs-discriminability curves of paper 004's runs, and operating points on them.
+
+Every discriminative method is trained at several λ (``lam``, the weight of the
+discriminative loss); each run is one point (its language metrics from ``scores.json``, its
+listener's recall from ``retrieval.json``). A method's *curve* is its runs on a dataset
+ordered by **ascending λ** (from the most natural run to the most discriminative one), as
+(x, y) pairs of two of those numbers. The paper compares methods at an *operating point*:
+one value of x (R@5 = 80% in Table 1, CIDEr-D = 1.2 in Table 2, ...) where every curve is
+read by linear interpolation (:func:`interpolate`). Runs are recognised by their method,
+options and init run (:func:`family_points`), never by their names.
+
+The operating points are ``discriminative.operating_points.<dataset>.<key>`` in params.yaml
+(keys ``recall5``, ``cider``, ``ablation_cider``, ``rho_cider``; values on the metric's own
+scale: R@5 0.80, CIDEr-D 1.2), a number or ``auto``: the highest x that every compared curve
+reaches (:func:`overlap_value`). A dataset absent from ``operating_points`` is all ``auto``.
+PSST rows of the tables use the runs with ``rho == discriminative.table_rho``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from caprl.errors import CaprlError
+from caprl.params import RunSpec, run_spec
+
+Curve = list[tuple[float, float]]
+
+#: method (registry key) -> the paper's name of its rows, in the paper's row order.
+METHOD_LABELS: dict[str, str] = {
+    "luo2018": "Luo et al. 2018",
+    "reinforce_joint": "REINFORCE",
+    "st_gumbel": "ST Gumbel Softmax",
+    "st_multinomial": "ST Multinomial",
+    "psst_gumbel": "PSST Gumbel Softmax",
+    "psst_multinomial": "PSST Multinomial",
+}
+FROZEN = "frozen_speaker"  # the ablation: speaker frozen, listener trained (one point per run)
+#: the method of a frozen-speaker run's init model -> the paper's name of its row (Table 3).
+FROZEN_LABELS: dict[str, str] = {"luo2018": "Frozen Speaker (Luo)", "xe": "Frozen Speaker (MLE)"}
+PSST_METHODS: dict[str, str] = {"psst_gumbel": "st_gumbel", "psst_multinomial": "st_multinomial"}  # -> its ρ = 0
+FAMILY = [*METHOD_LABELS, FROZEN]
+RECALLS = ["R@1", "R@5", "R@10"]
+LANGUAGE = ["CIDEr-D", "BLEU-4", "METEOR", "ROUGE-L", "SPICE"]
+OPERATING_KEYS = ("recall5", "cider", "ablation_cider", "rho_cider")
+AUTO = "auto"
+
+
+# ---------------------------------------------------------------- curves
+
+
+def interpolate(curve: Curve, x0: float) -> float | None:
+    """y at ``x0`` on ``curve`` (points in λ order): linear on the first segment, in curve
+    order, whose x-range holds ``x0`` (an exact hit on a segment's end gives that point's y).
+    None where ``x0`` is outside every segment; a one-point curve only answers its own x."""
+    if len(curve) == 1:
+        x, y = curve[0]
+        return y if x == x0 else None
+    for (xa, ya), (xb, yb) in zip(curve, curve[1:]):
+        if not min(xa, xb) <= x0 <= max(xa, xb):
+            continue
+        if x0 == xa:
+            return ya
+        if x0 == xb:
+            return yb
+        return ya + (yb - ya) * (x0 - xa) / (xb - xa)
+    return None
+
+
+def overlap_value(curves: Iterable[Curve]) -> float | None:
+    """The highest x inside every curve's x-range (the least of the curves' largest x); None if
+    the ranges do not overlap or there is no curve. Empty curves are left out."""
+    ranges = [(min(x for x, _ in c), max(x for x, _ in c)) for c in curves if c]
+    if not ranges:
+        return None
+    low, high = max(lo for lo, _ in ranges), min(hi for _, hi in ranges)
+    return high if low <= high else None
+
+
+def x_range(curve: Curve) -> tuple[float, float] | None:
+    return (min(x for x, _ in curve), max(x for x, _ in curve)) if curve else None
+
+
+# ---------------------------------------------------------------- runs as points
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the family: its λ, ρ, init run's method and numbers (language metrics on
+    their own scale, R@K as fractions, mean rank). ``values`` is empty without results."""
+
+    spec: RunSpec
+    lam: float | None
+    rho: float | None
+    init_method: str | None  # frozen_speaker: the method of its init.model run
+    init_run: str | None
+    values: dict[str, float]
+
+    @property
+    def method(self) -> str:
+        return self.spec.method
+
+    @property
+    def complete(self) -> bool:
+        """Scored and ranked: it has a language metric and a recall."""
+        return "R@10" in self.values and "CIDEr-D" in self.values
+
+
+def _number(options: dict[str, Any], key: str) -> float | None:
+    value = options.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def point_values(report: dict[str, Any] | None) -> dict[str, float]:
+    """A score file's metrics and its attached ``retrieval`` report's recalls and mean rank."""
+    if not report:
+        return {}
+    values = {k: float(v) for k, v in report.get("metrics", {}).items() if isinstance(v, (int, float))}
+    retrieval = report.get("retrieval") or {}
+    values.update({k: float(retrieval[k]) for k in [*RECALLS, "mean_rank"] if k in retrieval})
+    return values
+
+
+def family_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
+    """The runs of paper 004's captioning methods (and frozen-speaker ablations) on the dataset."""
+    specs = [run_spec(params, run) for run in params["runs"]]
+    return [s for s in specs if s.method in FAMILY and dataset in s.datasets]
+
+
+def family_points(params: dict[str, Any], dataset: str, scores: dict[str, dict[str, Any]]) -> list[Point]:
+    """Every family run on the dataset as a point (params order), with its results if any."""
+    points = []
+    for spec in family_runs(params, dataset):
+        init_run = spec.init.get("model")
+        init_method = run_spec(params, init_run).method if init_run in params["runs"] else None
+        points.append(Point(spec, _number(spec.options, "lam"), _number(spec.options, "rho"), init_method,
+                            init_run, point_values(scores.get(spec.name))))
+    return points
+
+
+def table_rho(params: dict[str, Any]) -> float:
+    return float(discriminative(params)["table_rho"])
+
+
+def discriminative(params: dict[str, Any]) -> dict[str, Any]:
+    section = params.get("discriminative")
+    if not isinstance(section, dict) or "table_rho" not in section:
+        raise CaprlError("params.yaml: the paper-004 tables and figures need a discriminative: section "
+                         "(table_rho, operating_points)")
+    return section
+
+
+def method_points(points: list[Point], method: str, rho: float | None = None, model: str | None = None) -> list[Point]:
+    """The method's points (of ρ ``rho`` where given; of ``model`` where given), in λ order."""
+    chosen = [p for p in points if p.method == method and (rho is None or p.rho == rho)
+              and (model is None or p.spec.model == model)]
+    return sorted(chosen, key=lambda p: (p.lam is None, p.lam or 0.0))
+
+
+def curve(points: list[Point], x: str, y: str) -> Curve:
+    """(x, y) of every point having both numbers, in the points' (λ) order."""
+    return [(p.values[x], p.values[y]) for p in points if x in p.values and y in p.values]
+
+
+def models_of(params: dict[str, Any], points: list[Point]) -> list[str]:
+    """The models the family's runs use, in params order."""
+    used = {p.spec.model for p in points}
+    return [m for m in params["models"] if m in used]
+
+
+def decode_text(points: list[Point]) -> str:
+    """The evaluation decoding of the runs shown ("beam 2"), or "decoding per run" if they differ."""
+    how = {("beam " + str(p.spec.decode.get("beam_size")) if p.spec.decode.get("method") == "beam"
+            else str(p.spec.decode.get("method"))) for p in points}
+    return how.pop() if len(how) == 1 else ("no runs" if not how else "decoding per run")
+
+
+# ---------------------------------------------------------------- operating points
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    value: float | None  # None: "auto" found no overlap
+    key: str  # discriminative.operating_points.<dataset>.<name>
+    auto: bool
+    paper: float | None  # the paper's value at this point on this dataset, if it has one
+
+    def describe(self, show: Callable[[float], str]) -> str:
+        """"80.0% (params.yaml <key>, the paper's value)" or "auto: 78.0%, the highest ..."."""
+        if self.value is None:
+            return "none (auto: no value that every compared curve reaches)"
+        if self.auto:
+            return f"{show(self.value)} (auto: the highest value every compared curve reaches)"
+        same = self.paper is not None and abs(self.paper - self.value) < 1e-9
+        paper = ", the paper's value" if same else (f", the paper's is {show(self.paper)}" if self.paper else "")
+        return f"{show(self.value)} (params.yaml {self.key}{paper})"
+
+
+def operating_point(params: dict[str, Any], dataset: str, name: str, auto: Callable[[], float | None],
+                    paper: float | None = None) -> OperatingPoint:
+    """``discriminative.operating_points.<dataset>.<name>``: a number, or ``auto`` (absent = auto),
+    computed by ``auto()``."""
+    if name not in OPERATING_KEYS:
+        raise ValueError(f"unknown operating point {name}")
+    key = f"discriminative.operating_points.{dataset}.{name}"
+    value = (discriminative(params).get("operating_points") or {}).get(dataset, {}).get(name, AUTO)
+    if value == AUTO:
+        return OperatingPoint(auto(), key, True, paper)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CaprlError(f"params.yaml {key}: expected a number or 'auto', got {value!r}")
+    return OperatingPoint(float(value), key, False, paper)

@@ -1,0 +1,187 @@
+"""``caprl retrieval`` (paper 004, sec. 6.2): recall@K of a run's captions by its own listener."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from caprl import checkpoint, cli, io
+from caprl.data import prepare, synthetic
+from caprl.data.loader import CaptionData
+from caprl.data.vocab import Vocab, build_vocab, encode_labels, write_labels
+from caprl.errors import CaprlError
+from caprl.evaluation import retrieval as stage
+from caprl.features.backbones import PatchesBackbone
+from caprl.features.extract import extract_features
+from caprl.models import build_model
+from caprl.retrieval import Listener, ListenerConfig, ranks_of, recall_report
+from conftest import default_params, merge
+
+LISTENER = {"word_size": 8, "hidden_size": 16, "margin": 0.2}
+
+
+# ---------------------------------------------------------------- ranks and recall
+
+
+def test_ranks_and_recall_on_a_hand_made_ranking_with_ties() -> None:
+    sim = torch.tensor([[0.9, 0.1, 0.2, 0.3],   # own image first: rank 1
+                        [0.5, 0.4, 0.4, 0.1],   # one image above, one tied: rank 3 (ties count against)
+                        [0.1, 0.2, 0.3, 0.0],   # first: rank 1
+                        [0.7, 0.7, 0.7, 0.7]])  # all tied: rank 4
+    ranks = ranks_of(sim)
+    assert ranks.tolist() == [1, 3, 1, 4]
+    report = recall_report(ranks, ks=(1, 3, 10))
+    assert report["R@1"] == 0.5 and report["R@3"] == 0.75 and report["R@10"] == 1.0
+    assert report["mean_rank"] == pytest.approx(2.25) and report["median_rank"] == 2.0 and report["n_images"] == 4
+    assert ranks_of(sim, target=torch.tensor([3, 0, 2, 1])).tolist() == [2, 1, 1, 4]
+
+
+def small_listener(vocab_size: int = 7, feat_dim: int = 5) -> Listener:
+    torch.manual_seed(0)
+    return Listener(ListenerConfig.from_dict(LISTENER), vocab_size, feat_dim)
+
+
+def test_retrieval_ranks_match_the_listener_and_do_not_depend_on_batches() -> None:
+    listener = small_listener()
+    torch.manual_seed(1)
+    image_ids = [10, 11, 12, 13, 14]
+    pooled = torch.randn(5, 5)
+    captions = {11: [1, 2], 13: [3], 10: [4, 5, 6], 12: [], 14: [2, 2, 2]}  # an empty caption too
+    ranks = stage.retrieval_ranks(listener, captions, image_ids, pooled, batch_size=2)
+    assert ranks == stage.retrieval_ranks(listener, captions, image_ids, pooled, batch_size=100)
+    tokens = stage.token_matrix([captions[i] for i in image_ids])
+    with torch.no_grad():
+        expected = ranks_of(listener.similarity(tokens, pooled))
+    assert [ranks[i] for i in image_ids] == expected.tolist()
+    with pytest.raises(CaprlError, match="not among the ranked images"):
+        stage.retrieval_ranks(listener, {99: [1]}, image_ids, pooled)
+
+
+def test_identical_images_tie_against_the_caption() -> None:
+    listener = small_listener()
+    pooled = torch.ones(3, 5)  # three identical images: every caption ties with all of them
+    ranks = stage.retrieval_ranks(listener, {1: [1], 2: [2], 3: [3]}, [1, 2, 3], pooled)
+    assert ranks == {1: 3, 2: 3, 3: 3}
+
+
+def test_token_matrix_ends_every_caption() -> None:
+    assert stage.token_matrix([[3, 4], [], [5]]).tolist() == [[3, 4, 0], [0, 0, 0], [5, 0, 0]]
+
+
+def test_captions_outside_the_vocabulary_are_an_error() -> None:
+    vocab = Vocab(["<eos>", "a", "red", "circle", "UNK"], 1, 16)
+    got = stage.encode_captions([{"image_id": 3, "caption": "a red circle"}], vocab, "caps.json")
+    assert got == {3: [1, 2, 3]}
+    with pytest.raises(CaprlError, match="caps.json: image 4: word 'square' is not in the vocabulary"):
+        stage.encode_captions([{"image_id": 4, "caption": "a red square"}], vocab, "caps.json")
+    with pytest.raises(CaprlError, match="caps.json: expected a list"):
+        stage.encode_captions([{"id": 4}], vocab, "caps.json")
+
+
+# ---------------------------------------------------------------- the stage on a tiny dataset
+
+
+def tiny_data(tmp_path: Path) -> dict[str, Path]:
+    """A generated dataset (3 test images), an xe checkpoint and one with a listener, and the
+    test images' first reference captions as captions.json."""
+    cfg = {"n_train": 6, "n_val": 2, "n_test": 3, "image_size": 32, "max_objects": 2}
+    synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
+    annotations = prepare.prepare_annotations(prepare.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
+    paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
+    io.write_json(paths["annotations.json"], annotations)
+    vocab = build_vocab(annotations, 1, 16)
+    write_labels(paths["labels.h5"], encode_labels(annotations, vocab), vocab)
+    io.write_json(paths["vocab.json"], vocab.to_json())
+    extract_features(annotations["images"], tmp_path / "images", PatchesBackbone(grid=4, cell_size=4),
+                     paths["features.h5"], 16)
+    data = CaptionData.from_args(argparse.Namespace(**{k.split(".")[0]: v for k, v in paths.items()}))
+    torch.manual_seed(0)
+    model = checkpoint.model_record(build_model("fc", {"embed_size": 8, "hidden_size": 16}, len(vocab),
+                                                data.feat_dim, data.n_regions), "fc")
+    listener = Listener(ListenerConfig.from_dict(LISTENER), len(vocab), data.feat_dim)
+    for name, method, modules in [("xe.pt", "xe", {"model": model}),
+                                  ("best.pt", "psst_multinomial",
+                                   {"model": model, "listener": checkpoint.record_of(listener, "psst.listener",
+                                                                                     LISTENER)})]:
+        paths[name] = tmp_path / name
+        checkpoint.save(paths[name], checkpoint.Checkpoint(run={"method": method}, modules=modules,
+                                                           vocab_sha256=vocab.sha256))
+    captions = [{"image_id": i, "caption": " ".join(data.vocab.decode(data.labels.captions(i)[0]))}
+                for i in data.split_ids("test")]
+    paths["captions.json"] = tmp_path / "captions.json"
+    io.write_json(paths["captions.json"], captions)
+    return paths
+
+
+def stage_args(paths: dict[str, Path], tmp_path: Path, ckpt: str = "best.pt", **extra: Any) -> argparse.Namespace:
+    return argparse.Namespace(dataset="synthetic", run="r", checkpoint=paths[ckpt], captions=paths["captions.json"],
+                              annotations=paths["annotations.json"], vocab=paths["vocab.json"],
+                              labels=paths["labels.h5"], features=paths["features.h5"],
+                              out=tmp_path / "results" / "retrieval.json", **extra)
+
+
+def stage_params() -> dict[str, Any]:
+    return merge(default_params(), {"listener": LISTENER, "evaluate": {"split": "test", "batch_size": 2}})
+
+
+def test_report_ranks_every_test_image_with_the_runs_listener(tmp_path: Path) -> None:
+    paths = tiny_data(tmp_path)
+    report = stage.retrieval_report(stage_params(), stage_args(paths, tmp_path))
+    data = CaptionData.from_args(stage_args(paths, tmp_path))
+    ids = data.split_ids("test")
+    assert {k: report[k] for k in ("run", "dataset", "split", "listener", "n_images")} == {
+        "run": "r", "dataset": "synthetic", "split": "test", "listener": "the run's own", "n_images": 3}
+    ranks = np.array([report["ranks"][str(i)] for i in ids])
+    assert set(report["ranks"]) == {str(i) for i in ids} and all(1 <= r <= 3 for r in ranks)
+    assert report["R@1"] == pytest.approx((ranks <= 1).mean()) and report["R@10"] == 1.0
+    assert report["mean_rank"] == pytest.approx(ranks.mean())
+    json.dumps(report)  # JSON-ready
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    paths = tiny_data(tmp_path)
+    with pytest.raises(CaprlError, match=r"xe\.pt holds no listener.*method 'xe' has no listener"):
+        stage.retrieval_report(stage_params(), stage_args(paths, tmp_path, ckpt="xe.pt"))
+    io.write_json(paths["captions.json"], io.read_json(paths["captions.json"])[:2])
+    with pytest.raises(CaprlError, match=r"captions\.json: not the test split's captions \(1 of its 3 images"):
+        stage.retrieval_report(stage_params(), stage_args(paths, tmp_path))
+    params = stage_params()
+    params["listener"] = {**LISTENER, "hidden_size": 32}
+    with pytest.raises(CaprlError, match="does not fit params.yaml listener"):
+        stage.retrieval_report(params, stage_args(paths, tmp_path))
+
+
+def test_cli_writes_the_report(tmp_path: Path) -> None:
+    """``caprl retrieval`` with a validated params file, as the workflow runs it."""
+    paths = tiny_data(tmp_path)
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(stage_params(), sort_keys=False))
+    args = stage_args(paths, tmp_path)
+    argv = ["retrieval", "--params", str(params_file), "--dataset", "synthetic", "--run", "r"]
+    for key in ("checkpoint", "captions", "annotations", "vocab", "labels", "features", "out"):
+        argv += [f"--{key}", str(getattr(args, key))]
+    assert cli.main(argv) == 0
+    report = json.loads(args.out.read_text())
+    assert report["n_images"] == 3 and sorted(report) == sorted(
+        ["run", "dataset", "split", "listener", "R@1", "R@5", "R@10", "mean_rank", "median_rank", "n_images",
+         "ranks"])
+    assert [p.name for p in args.out.parent.iterdir()] == ["retrieval.json"]  # no temporary file left
+
+
+def test_the_sum_of_hinges_counts_every_violating_negative() -> None:
+    from caprl.retrieval import vse_hinge, vse_sum_hinge
+
+    sim = torch.tensor([[0.9, 0.1, 0.5], [0.75, 0.8, 0.85], [0.2, 0.6, 0.7]])
+    target = torch.arange(3)
+    # row 1 (caption of image 1, s = 0.8): images 0 (0.2 - 0.8 + 0.75 = 0.15) and 2 (0.25) both violate;
+    # the hardest-negative form keeps only 0.25. Row 0: caption 1 against image 0 (0.2 - 0.9 + 0.75).
+    # Row 2: image 1 (0.2 - 0.7 + 0.6 = 0.1) + caption 1 against image 2 (0.2 - 0.7 + 0.85 = 0.35).
+    torch.testing.assert_close(vse_sum_hinge(sim, target, 0.2), torch.tensor([0.05, 0.4, 0.45]))
+    torch.testing.assert_close(vse_hinge(sim, target, 0.2), torch.tensor([0.05, 0.25, 0.45]))
