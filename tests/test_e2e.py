@@ -128,6 +128,29 @@ def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
     assert all(len(ex["rs"]) == n and len(ex["bs"]) == n for ex in diversity["examples"])
 
 
+def test_paper_004_runs_are_ranked_and_tabled(snakemake_run: Path) -> None:
+    """The listener's pre-training, every discriminative method (one λ point here), the frozen
+    speakers; each evaluated with beam 2 and ranked by its own listener; Tables 1-3, the ρ table,
+    every point, Figs. 3-4."""
+    retrieved = [job for job in PLAN.retrieved("synthetic")]
+    methods = {job.spec.method for job in retrieved}
+    assert methods == {"luo2018", "reinforce_joint", "st_gumbel", "st_multinomial", "psst_gumbel", "psst_multinomial",
+                       "frozen_speaker"}
+    n_test = PARAMS["synthetic"]["n_test"]
+    for job in retrieved:
+        report = json.loads((snakemake_run / job.result("results/{dataset}/{run}/retrieval.json")).read_text())
+        assert report["n_images"] == n_test and len(report["ranks"]) == n_test
+        assert 0 <= report["R@1"] <= report["R@5"] <= report["R@10"] <= 1
+        assert all_scores(snakemake_run)[f"synthetic/{job.run}"]["beam_size"] == 2
+    tables = snakemake_run / "results" / "tables"
+    points = (tables / "synthetic_psst_points.md").read_text()
+    assert all(f"[{job.run}]" in points for job in retrieved)
+    for name in ("psst_table1", "psst_table2", "psst_table3", "psst_rho"):
+        assert (tables / f"synthetic_{name}.csv").exists()
+    for figure in PLAN.psst_pngs("synthetic"):
+        assert (snakemake_run / figure).read_bytes().startswith(b"\x89PNG")
+
+
 def test_second_run_is_a_fast_no_op(snakemake_run: Path) -> None:
     started = time.time()
     proc = run(["snakemake", "--cores", "2", "all_tables"], snakemake_run)

@@ -378,3 +378,15 @@ def test_numbers_as_printed_in_the_paper() -> None:
     assert list(paper.TABLE2) == ["luo2018", "reinforce_joint", "st_gumbel", "st_multinomial", "psst_gumbel",
                                   "psst_multinomial"]
     assert "selecting CIDEr scores at 1.22" in text and "Recall@5=80%" in text and "CIDEr=1.13" in text
+
+
+def test_rho_table_reads_every_rho_curve_at_the_fixed_cider() -> None:
+    from caprl.tables.psst import psst_rho
+
+    params = family_params()
+    table = psst_rho(params, "coco", family_scores(params, "coco"))
+    assert table.columns == ["ρ = 0", "ρ = 0.25", "ρ = 0.5"]
+    t = (1.28 - 1.22) / (1.28 - 1.15)  # CIDEr-D 1.22 on the second segment of the ρ > 0 curves
+    assert ours(rows(table)["PSST Multinomial"]) == pytest.approx(
+        [100 * (0.92 + 0.08 * (1.25 - 1.22) / 0.15), 100 * (0.96 + 0.08 * t), 100 * (0.91 + 0.08 * t)])
+    assert "CIDEr-D = 1.220" in table.title and any("ST = PSST with ρ = 0" in n for n in table.notes)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from caprl.io import atomic_path
 from caprl.tables.build import Scores, load_scores, portable
 from caprl.tables.operating import (FROZEN, FROZEN_LABELS, METHOD_LABELS, PSST_METHODS, Curve, Point,
                                     curve, family_points, family_runs, interpolate, method_points, models_of,
-                                    operating_point, overlap_value, table_rho)
+                                    operating_point, overlap_value, rho_curves, table_rho)
 from caprl.tables.psst_numbers import OPERATING_POINTS
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def fig3(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:
     for ax, metric in zip(axes, FIG3_PANELS):
         why = not_computed(metric, scores, done) if done else "no run with scores and retrieval results"
         if why:
-            ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True, fontsize=9, transform=ax.transAxes)
+            ax.text(0.5, 0.5, textwrap.fill(why, 28), ha="center", va="center", fontsize=9, transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
             ax.set_title(metric)
@@ -92,6 +93,9 @@ def fig3(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:
                 name = FROZEN_LABELS.get(p.init_method or "", f"Frozen Speaker ({p.init_method})")
                 ax.plot([p.values[metric]], [100 * p.values["R@10"]], linestyle="none", marker=marker, markersize=11,
                         color=colour, label=_label(name, model, models))
+        ax.relim()
+        ax.autoscale_view()
+        ax.margins(0.08)
         ax.set_xlabel(metric)
         ax.set_ylabel("R@10 (%)")
         ax.set_title(metric)
@@ -106,22 +110,6 @@ def fig3(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:
                  f"one point per λ (PSST: ρ = {rho:g}) — paper 004 Fig. 3", fontsize=11)
     fig.tight_layout(rect=(0, 0.12 if handles else 0, 1, 0.93))
     return fig
-
-
-def rho_curves(points: list[Point], method: str, model: str | None) -> tuple[dict[float, Curve], bool]:
-    """The PSST method's (CIDEr-D, R@10) curve per ρ; ρ = 0 from its ST method where no PSST run
-    has ρ = 0 (True when it did)."""
-    runs = [p for p in points if p.method == method and p.rho is not None and (model is None or p.spec.model == model)]
-    curves = {rho: curve(method_points(runs, method, rho), "CIDEr-D", "R@10") for rho in sorted({p.rho for p in runs})}
-    curves = {rho: c for rho, c in curves.items() if c}
-    borrowed = 0.0 not in curves
-    if borrowed:
-        st = curve(method_points(points, PSST_METHODS[method], model=model), "CIDEr-D", "R@10")
-        if st:
-            curves[0.0] = st
-        else:
-            borrowed = False
-    return dict(sorted(curves.items())), borrowed
 
 
 def fig4(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:

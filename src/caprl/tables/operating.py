@@ -209,3 +209,19 @@ def operating_point(params: dict[str, Any], dataset: str, name: str, auto: Calla
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CaprlError(f"params.yaml {key}: expected a number or 'auto', got {value!r}")
     return OperatingPoint(float(value), key, False, paper)
+
+
+def rho_curves(points: list[Point], method: str, model: str | None) -> tuple[dict[float, Curve], bool]:
+    """The PSST method's (CIDEr-D, R@10) curve per ρ; ρ = 0 from its ST method where no PSST run
+    has ρ = 0 (True when it did)."""
+    runs = [p for p in points if p.method == method and p.rho is not None and (model is None or p.spec.model == model)]
+    curves = {rho: curve(method_points(runs, method, rho), "CIDEr-D", "R@10") for rho in sorted({p.rho for p in runs})}
+    curves = {rho: c for rho, c in curves.items() if c}
+    borrowed = 0.0 not in curves
+    if borrowed:
+        st = curve(method_points(points, PSST_METHODS[method], model=model), "CIDEr-D", "R@10")
+        if st:
+            curves[0.0] = st
+        else:
+            borrowed = False
+    return dict(sorted(curves.items())), borrowed

@@ -25,7 +25,7 @@ from caprl.tables import psst_numbers as paper
 from caprl.tables.build import Scores, register_table, unavailable_notes, with_paper
 from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABELS, PSST_METHODS, RECALLS,
                                     Curve, OperatingPoint, Point, curve, decode_text, family_points,
-                                    interpolate, method_points, models_of, operating_point, overlap_value,
+                                    interpolate, method_points, models_of, operating_point, overlap_value, rho_curves,
                                     table_rho, x_range)
 from caprl.tables.render import Cell, Table
 
@@ -306,4 +306,33 @@ def psst_points(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     if not points:
         table.notes.append(f"No run of paper 004's methods trains on {dataset}.")
     table.notes += unavailable_notes(family.shown_scores())
+    return table
+
+
+# ---------------------------------------------------------------- Fig. 4's numbers
+
+
+@register_table("psst_rho")
+def psst_rho(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
+    """The numbers of paper 004's Fig. 4: R@10 at a fixed CIDEr-D (``rho_cider``) of each PSST
+    method's ρ curves (ρ = 0: its ST method's curve where no PSST run has ρ = 0)."""
+    family = Family(params, dataset, scores)
+    points = [p for p in family.points if p.complete]
+    curves = {(m, model): rho_curves(points, m, model) for model in family.models for m in PSST_METHODS}
+    op = operating_point(params, dataset, "rho_cider",
+                         lambda: overlap_value(c for per_rho, _ in curves.values() for c in per_rho.values()))
+    rhos = sorted({rho for per_rho, _ in curves.values() for rho in per_rho})
+    table = Table("psst_rho", family.title(f"Fig. 4, R@10 at a fixed CIDEr-D = {op.describe(fraction)} against ρ"),
+                  [f"ρ = {rho:g}" for rho in rhos])
+    borrowed = []
+    for (method, model), (per_rho, from_st) in curves.items():
+        cells = [Cell(None if op.value is None or rho not in per_rho or (y := interpolate(per_rho[rho], op.value))
+                      is None else 100.0 * y) for rho in rhos]
+        table.rows.append((family.label(METHOD_LABELS[method], model), cells))
+        if from_st:
+            borrowed.append(METHOD_LABELS[PSST_METHODS[method]])
+    table.notes = ["R@10 in %, read on each ρ's λ curve (CIDEr-D, R@10) by linear interpolation; — = the curve "
+                   "does not reach the operating point, or no run."]
+    if borrowed:
+        table.notes.append(f"ρ = 0: the {' / '.join(dict.fromkeys(borrowed))} runs (ST = PSST with ρ = 0).")
     return table
