@@ -30,9 +30,10 @@ TINY: dict[str, Any] = {
                    "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8},
                    "sll": {"epochs": 1, "n_samples": 2}, "sll_sle": {"epochs": 1, "n_samples": 2},
                    **{m: {"epochs": 1} for m in ("listener", "luo2018", "reinforce_joint", "st_gumbel", "st_multinomial",
-                                                 "psst_gumbel", "psst_multinomial", "frozen_speaker")}},
+                                                 "psst_gumbel", "psst_multinomial", "frozen_speaker", "value",
+                                                 "actor_critic")}},
     "listener": {"word_size": 8, "hidden_size": 16},
-    "sweeps": {"lam": [0.05], "rho": [0.25]},  # one point per paper-004 method (fc-frozen_speaker_luo's init)
+    "sweeps": {"lam": [0.5], "rho": [0.25]},  # one point per paper-004 method (fc-frozen_speaker_luo's init)
     "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
     "runs": {"fc-xe": {"options": {"epochs": 2}}, "lstm3-xe": {"options": {"epochs": 2}}},
     "decode": {"beam_size": 2},

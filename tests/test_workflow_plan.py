@@ -28,11 +28,11 @@ def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     assert plan.attention_job("synthetic").run == "stackcap-c2f"
     # paper 004's runs (every point of the lam / rho sweeps) hold a listener: ranked by retrieval
     retrieved = {job.run for job in plan.retrieved("synthetic")}
-    assert "fc-psst_multinomial-lam0_05-rho1" in retrieved and "fc-frozen_speaker_mle" in retrieved
+    assert "fc-psst_multinomial-lam0_5-rho1" in retrieved and "fc-frozen_speaker_mle" in retrieved
     assert "listener" not in retrieved and "fc-xe" not in retrieved and not plan.retrieved("synthetic_video")
     assert plan.job("synthetic", "fc-frozen_speaker_luo").init == {
-        "model": "runs/synthetic/fc-luo2018-lam0_05/best.pt", "listener": "runs/synthetic/listener/best.pt"}
-    assert plan.job("synthetic", "fc-st_gumbel-lam0_2").spec.decode["beam_size"] == 2
+        "model": "runs/synthetic/fc-luo2018-lam0_5/best.pt", "listener": "runs/synthetic/listener/best.pt"}
+    assert plan.job("synthetic", "fc-st_gumbel-lam0_9").spec.decode["beam_size"] == 2
     assert plan.psst_pngs("synthetic") == ["results/figures/synthetic/psst_fig3.png",
                                            "results/figures/synthetic/psst_fig4.png"]
     video_tables = params["datasets"]["synthetic_video"]["tables"]

@@ -356,11 +356,15 @@ def decode_split(
     decode: Callable[[CaptionModel, Batch], Any],
     batch_size: int,
     desc: str = "decode",
+    pass_pooled: bool = False,
 ) -> Iterator[tuple[list[int], Any]]:
     """Decode ``image_ids`` in batches on the model's device (eval mode, no gradient).
 
-    ``decode(model, ctx)`` returns anything; yields ``(ids, result)`` per batch. The next
-    batch's features are read by a background thread while this one decodes.
+    ``decode(model, ctx)`` returns anything; yields ``(ids, result)`` per batch. With
+    ``pass_pooled`` it is called ``decode(model, ctx, pooled=...)`` with the batch's pooled
+    features on the device (decoders that read more than the model, e.g. lookahead's value
+    network; the others take ``**_``). The next batch's features are read by a background
+    thread while this one decodes.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -368,7 +372,9 @@ def decode_split(
     with torch.no_grad(), Prefetcher(features_of, chunks, depth=1) as loaded:
         for ids, (pooled, regions) in tqdm(loaded, total=len(chunks), desc=desc, leave=False, mininterval=2.0,
                                            disable=None):
-            yield ids, decode(model, model.encode(pooled.to(device), regions.to(device)))
+            pooled = pooled.to(device)
+            ctx = model.encode(pooled, regions.to(device))
+            yield ids, (decode(model, ctx, pooled=pooled) if pass_pooled else decode(model, ctx))
 
 
 def _tensors(obj: Batch) -> Iterator[torch.Tensor]:

@@ -1,4 +1,11 @@
-"""``caprl evaluate``: beam-search captions of a split, scored with the official metrics."""
+"""``caprl evaluate``: beam-search captions of a split, scored with the official metrics.
+
+A run whose checkpoint holds a value network (paper 003's ``actor_critic``) may be decoded by
+lookahead inference (``decode.method: lookahead``, :mod:`caprl.lookahead`); with
+``evaluate.lookahead`` set, its lookahead captions are also scored, beside the main decoding's,
+into the score file's ``lookahead`` section (one evaluate job gives both rows of paper 003's
+Table 1).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +16,15 @@ from typing import Any
 import torch
 
 from caprl import checkpoint, decoding, params as params_mod
+from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
 from caprl.evaluation.diversity import set_scores
 from caprl.evaluation.report import score_and_record
+from caprl.metrics.official import OfficialScorer
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
+from caprl.objectives.value import ValueNetwork, value_from_checkpoint
 from caprl.device import default_device
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 
@@ -34,11 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def decoded_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
                  batch_size: int, **settings: Any) -> dict[int, list[list[str]]]:
-    """Every caption decoder ``method`` gives each image (its words), on the model's device."""
+    """Every caption decoder ``method`` gives each image (its words), on the model's device.
+    Decoders get ``settings`` and the batch's pooled features (``pooled=``; most ignore it)."""
     sets: dict[int, list[list[str]]] = {}
     decode = DECODERS.get(method, where="decode.method")
     for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
-                                             lambda m, ctx: decode(m, ctx, **settings), batch_size, desc=method):
+                                             lambda m, ctx, **batch: decode(m, ctx, **settings, **batch), batch_size,
+                                             desc=method, pass_pooled=True):
         n = tokens.shape[1]
         words = data.decode(tokens.reshape(-1, tokens.shape[-1]))
         sets.update((i, words[k * n:(k + 1) * n]) for k, i in enumerate(ids))
@@ -95,13 +107,19 @@ def main(args: argparse.Namespace) -> None:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
     decode = run_decode(params, args.run, ckpt.run)
+    value = value_from_checkpoint(ckpt, where=args.checkpoint)
+    value = value.to(default_device()).eval() if value is not None else None
     captions = decoded_captions(model, data, ids, decode["method"], params["evaluate"]["batch_size"],
-                                beam_size=decode["beam_size"], max_length=decode["max_length"])
+                                beam_size=decode["beam_size"], max_length=decode["max_length"],
+                                **decoder_settings(params, args.run, decode["method"], value))
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
-    extra = {}
+    extra: dict[str, Any] = {}
     if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:
         extra["diversity"] = diversity_report(model, data, ids, references, params)
+    if value is not None and params["evaluate"].get("lookahead"):
+        same = captions if decode["method"] == "lookahead" else None
+        extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, same)
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples, extra=extra)
 
@@ -113,3 +131,51 @@ def run_decode(params: dict[str, Any], run: str, record: dict[str, Any]) -> dict
         return params_mod.run_spec(params, run).decode
     log.warning("run %s is not in params.yaml (checkpoint of %s): decoding with decode:", run, record.get("name"))
     return dict(params["decode"])
+
+
+def decoder_settings(params: dict[str, Any], run: str, method: str, value: ValueNetwork | None) -> dict[str, Any]:
+    """What decoder ``method`` needs besides the beam size and length: lookahead's value network
+    and ``evaluate.lookahead``'s lam and candidates (a CaprlError naming the run and the key
+    when the checkpoint holds no value network or the section is missing); nothing for the others."""
+    if method != "lookahead":
+        return {}
+    key = f"runs.{run}.decode.method" if "method" in params["runs"].get(run, {}).get("decode", {}) else "decode.method"
+    if value is None:
+        raise CaprlError(f"{key}: lookahead decoding needs a value network, but the checkpoint of run {run} holds "
+                         "none (only actor_critic runs have one): decode it with greedy or beam")
+    settings = params["evaluate"].get("lookahead")
+    if not settings:
+        raise CaprlError(f"{key}: lookahead decoding of run {run} reads lam and candidates from evaluate.lookahead, "
+                         "which is not set")
+    return {"value": value, "lam": float(settings["lam"]), "candidates": int(settings["candidates"])}
+
+
+def official_scores(params: dict[str, Any], captions: dict[int, str],
+                    references: dict[int, list[str]]) -> dict[str, Any]:
+    """``{"corpus": {metric: value}, "unavailable": {metric: reason}}``: the official metrics of
+    ``evaluate.metrics`` (as :func:`caprl.evaluation.report.score_and_record`), no file written."""
+    scorer = OfficialScorer(corenlp_dir=params["spice"]["corenlp_dir"])
+    try:
+        return scorer.score(references, dict(captions), metrics=list(params["evaluate"]["metrics"]), per_image=False)
+    finally:
+        scorer.close()
+
+
+def lookahead_report(model: CaptionModel, value: ValueNetwork, data: Any, image_ids: list[int],
+                     references: dict[int, list[str]], params: dict[str, Any], decode: dict[str, Any],
+                     captions: dict[int, str] | None = None) -> dict[str, Any]:
+    """Paper 003's lookahead row: the lookahead captions of ``image_ids`` (lam and candidates of
+    ``evaluate.lookahead``, the run's beam size; ``captions`` if already decoded) scored with the
+    official metrics, and a few examples."""
+    settings = params["evaluate"]["lookahead"]
+    lam, candidates = float(settings["lam"]), int(settings["candidates"])
+    if captions is None:
+        captions = decoded_captions(model, data, image_ids, "lookahead", params["evaluate"]["batch_size"],
+                                    beam_size=decode["beam_size"], max_length=decode["max_length"], value=value,
+                                    lam=lam, candidates=candidates)
+    scored = official_scores(params, captions, references)
+    log.info("lookahead (lambda %g): %s", lam, ", ".join(f"{k} {v:.4f}" for k, v in scored["corpus"].items()))
+    return {"lambda": lam, "candidates": candidates, "beam_size": decode["beam_size"], "metrics": scored["corpus"],
+            "unavailable": scored.get("unavailable", {}),
+            "examples": [{"image_id": i, "caption": captions[i]}
+                         for i in sorted(captions)[: params["evaluate"]["n_examples"]]]}

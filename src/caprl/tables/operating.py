@@ -68,13 +68,16 @@ def interpolate(curve: Curve, x0: float) -> float | None:
 
 
 def overlap_value(curves: Iterable[Curve]) -> float | None:
-    """The highest x inside every curve's x-range (the least of the curves' largest x); None if
-    the ranges do not overlap or there is no curve. Empty curves are left out."""
+    """The highest x inside the most curves' x-ranges: where every curve's range overlaps, the
+    least of their largest x (the paper's Fig. 4: "the maximal value that overlaps all
+    variants"); where they do not, the highest x that the largest number of curves reach (the
+    other curves' cells then show —). None without a curve. Empty curves are left out."""
     ranges = [(min(x for x, _ in c), max(x for x, _ in c)) for c in curves if c]
     if not ranges:
         return None
-    low, high = max(lo for lo, _ in ranges), min(hi for _, hi in ranges)
-    return high if low <= high else None
+    candidates = sorted({x for r in ranges for x in r})
+    reached = [(sum(lo <= x <= hi for lo, hi in ranges), x) for x in candidates]
+    return max(reached)[1]
 
 
 def x_range(curve: Curve) -> tuple[float, float] | None:
@@ -188,9 +191,9 @@ class OperatingPoint:
     def describe(self, show: Callable[[float], str]) -> str:
         """"80.0% (params.yaml <key>, the paper's value)" or "auto: 78.0%, the highest ..."."""
         if self.value is None:
-            return "none (auto: no value that every compared curve reaches)"
+            return "none (auto: no curve)"
         if self.auto:
-            return f"{show(self.value)} (auto: the highest value every compared curve reaches)"
+            return f"{show(self.value)} (auto: the highest value the most compared curves reach)"
         same = self.paper is not None and abs(self.paper - self.value) < 1e-9
         paper = ", the paper's value" if same else (f", the paper's is {show(self.paper)}" if self.paper else "")
         return f"{show(self.value)} (params.yaml {self.key}{paper})"
