@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PERCENT = ("metrics.", "diversity.rs.CIDEr-D", "diversity.bs.CIDEr-D")  # shown in %, as the papers do
+PERCENT = ("metrics.", "lookahead.metrics.", "diversity.rs.CIDEr-D", "diversity.bs.CIDEr-D")  # shown in %, as the papers do
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

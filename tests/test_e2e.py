@@ -151,6 +151,18 @@ def test_paper_004_runs_are_ranked_and_tabled(snakemake_run: Path) -> None:
         assert (snakemake_run / figure).read_bytes().startswith(b"\x89PNG")
 
 
+def test_actor_critic_is_scored_by_beam_search_and_by_lookahead(snakemake_run: Path) -> None:
+    """Paper 003: the value run (not a captioner), the actor-critic run scored twice in one
+    evaluation (beam search, lookahead), Table 1 with both rows."""
+    assert "fc-value" in TRAINED and "fc-value" not in RUNS and "fc-actor_critic" in RUNS
+    scores = all_scores(snakemake_run)["synthetic/fc-actor_critic"]
+    assert scores["lookahead"]["lambda"] == PARAMS["evaluate"]["lookahead"]["lam"]
+    assert {"BLEU-4", "CIDEr-D"} <= set(scores["lookahead"]["metrics"])
+    table = (snakemake_run / "results" / "tables" / "synthetic_ac_table1.md").read_text()
+    rows = [line for line in table.splitlines() if "lookahead" in line.lower() and line.startswith("| ")]
+    assert rows and rows[0].split("|")[2].strip()[0].isdigit(), rows
+
+
 def test_second_run_is_a_fast_no_op(snakemake_run: Path) -> None:
     started = time.time()
     proc = run(["snakemake", "--cores", "2", "all_tables"], snakemake_run)
