@@ -34,7 +34,7 @@ rule all_tables:
 # it); it exits by itself when Snakemake does, even if neither hook below runs.
 onstart:
     if workflow.local_exec:
-        from caprl.metrics import meteor_server
+        from caprl.metrics import meteor_client as meteor_server
 
         meteor_socket = meteor_server.start_shared(log_path=".snakemake/log/meteor-server.log")
         if meteor_socket:
@@ -42,12 +42,12 @@ onstart:
 
 
 onsuccess:
-    from caprl.metrics import meteor_server
+    from caprl.metrics import meteor_client as meteor_server
 
     meteor_server.stop_shared()
 
 
 onerror:
-    from caprl.metrics import meteor_server
+    from caprl.metrics import meteor_client as meteor_server
 
     meteor_server.stop_shared()

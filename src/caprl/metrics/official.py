@@ -144,7 +144,7 @@ class OfficialScorer:
         socket_path = os.environ.get("CAPRL_METEOR_SOCKET")
         dead: set[str] = self.__dict__.setdefault("_dead_meteor_sockets", set())  # servers that failed us
         if socket_path and socket_path not in dead:
-            from caprl.metrics.meteor_server import MeteorClient
+            from caprl.metrics.meteor_client import MeteorClient
 
             try:
                 return MeteorClient(socket_path).compute_score(gts, res)
