@@ -175,12 +175,15 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{snakemake_run / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("caprl")
-    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
     names = sorted(r.info.run_name for r in runs)
     expected = sorted([f"{ds}/{job.run}/train" for ds in PLAN.datasets for job in PLAN.trained(ds)]
                       + [f"{ds}/{job.run}/evaluate" for ds in PLAN.datasets for job in PLAN.evaluated(ds)]
-                      + [f"{ds}/most-frequent/evaluate" for ds in PLAN.datasets])
+                      + [f"{ds}/most-frequent/evaluate" for ds in PLAN.datasets]
+                      + [f"{ds}/{job.run}/retrieval" for ds in PLAN.datasets for job in PLAN.retrieved(ds)])
     assert names == expected
+    ranked = next(r for r in runs if r.info.run_name == "synthetic/fc-frozen_speaker_mle/retrieval")
+    assert 0 <= ranked.data.metrics["R_at_10"] <= 1
     train = next(r for r in runs if r.info.run_name == "synthetic/fc-scst/train")
     assert train.data.params["run.method"] == "scst"
     assert "val/CIDEr-D" in train.data.metrics and train.info.status == "FINISHED"

@@ -57,6 +57,9 @@ def score_and_record(
         for section, scores in (extra or {}).get("diversity", {}).items():
             if section in ("rs", "bs"):
                 tracker.log_metrics({f"{section}/{k}": v for k, v in scores.items()})
+        lookahead = (extra or {}).get("lookahead")  # paper 003: the same weights decoded by lookahead
+        if lookahead:
+            tracker.log_metrics({f"lookahead/{k}": v for k, v in lookahead["metrics"].items()})
         for path in (out_captions, out_scores, out_examples):
             tracker.log_artifact(path)
     return report

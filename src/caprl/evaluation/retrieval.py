@@ -148,6 +148,12 @@ def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     report = retrieval_report(params, args)
     io.write_json(args.out, report)
+    from caprl.tracking import Tracker
+
+    with Tracker(params["tracking"]["experiment"], f"{args.dataset}/{args.run}/retrieval",
+                 tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run}) as tracker:
+        tracker.log_metrics({k: report[k] for k in ("R@1", "R@5", "R@10", "mean_rank", "median_rank")})
+        tracker.log_artifact(args.out)
     log.info("%s retrieval (%s, %d images): R@1 %.1f%%, R@5 %.1f%%, R@10 %.1f%%, mean rank %.1f -> %s",
              args.run, report["split"], report["n_images"], 100 * report["R@1"], 100 * report["R@5"],
              100 * report["R@10"], report["mean_rank"], args.out)
