@@ -219,5 +219,8 @@ def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Pat
     for job in dvc_plan.retrieved("synthetic"):  # the listener ranks identically
         path = job.result("results/{dataset}/{run}/retrieval.json")
         assert (work / path).read_text() == (snakemake_run / path).read_text()
-    assert (work / "results" / "tables" / "synthetic_main.md").read_text() == \
-        (snakemake_run / "results" / "tables" / "synthetic_main.md").read_text()
+    # the DVC table has fewer runs: each of its lines is the Snakemake table's line, in the same order
+    dvc_lines = (work / "results" / "tables" / "synthetic_main.md").read_text().splitlines()
+    snakemake_lines = (snakemake_run / "results" / "tables" / "synthetic_main.md").read_text().splitlines()
+    assert dvc_lines == [line for line in snakemake_lines if line in set(dvc_lines)]
+    assert all(any(f"[{job.run}]" in line for line in dvc_lines) for job in dvc_plan.evaluated("synthetic"))
