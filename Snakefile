@@ -9,7 +9,19 @@ min_version("9.0")
 configfile: "params.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 validate(config, "workflow/schemas/params.schema.yaml")
+
+
+# After `dvc pull`, `dvc checkout` or `dvc commit` (dvc.lock changed), the outputs DVC reports
+# up to date get modification times in the DAG's order, so Snakemake re-runs none of them
+# (caprl.dvc_sync; a no-op without a new dvc.lock).
+if workflow.is_main_process:
+    from caprl.dvc_sync import sync_after_dvc
+
+    sync_after_dvc()
 
 
 include: "workflow/rules/common.smk"
@@ -22,6 +34,7 @@ include: "workflow/rules/tables.smk"
 
 
 rule all_tables:
+    default_target: True  # also the target of `snakemake --report report.html`
     input:
         TABLE_FILES,
         FIGURE_FILES,

@@ -86,3 +86,32 @@ def test_two_datasets_and_run_subsets_give_the_same_commands(tmp_path: Path) -> 
     assert ("synthetic", "fc-scst") in trained and ("shapes_b", "fc-scst") in trained
     assert any("--dataset shapes_b" in c and "--checkpoint runs/shapes_b/stackcap-c2f/best.pt" in c
                for c in smk if c.startswith("caprl attention-figure "))
+
+
+def test_a_bottomup_dataset_gives_the_same_commands(tmp_path: Path) -> None:
+    """A dataset with backbone bottomup: its features file is converted from the TSVs (one job, no
+    shards, no merge, no attention figure), the other dataset's still extracted; both tools agree."""
+    import yaml
+
+    from caprl.dvc_gen import render
+    from conftest import two_dataset_params
+
+    work = copy_workflow(tmp_path)
+    params = two_dataset_params()
+    tsvs = ["data/raw/bottomup/part0.tsv", "data/raw/bottomup/part1.tsv"]
+    params["datasets"]["shapes_b"].update(backbone="bottomup", bottomup_tsv=tsvs)
+    for tsv in tsvs:  # the workflow only checks that they are there
+        (work / tsv).parent.mkdir(parents=True, exist_ok=True)
+        (work / tsv).touch()
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (work / "dvc.yaml").write_text(render(params))
+    smk, dvc = snakemake_commands(work), dvc_commands(work)
+    assert smk == dvc, f"only in Snakemake: {sorted(smk - dvc)}\nonly in DVC: {sorted(dvc - smk)}"
+    by_stage = {stage: [c for c in smk if c.startswith(f"caprl {stage} ")]
+                for stage in ("bottomup", "features", "merge-features", "attention-figure")}
+    assert by_stage["bottomup"] == [
+        "caprl bottomup --params params.yaml --log logs/shapes_b/features_bottomup.log --tsv " + " ".join(tsvs)
+        + " --annotations data/shapes_b/annotations.json --dataset shapes_b --out data/shapes_b/features_bottomup.h5"]
+    for stage in ("features", "merge-features", "attention-figure"):
+        assert by_stage[stage] and not any("shapes_b" in c for c in by_stage[stage]), stage
+    assert any("--features data/shapes_b/features_bottomup.h5" in c for c in smk if c.startswith("caprl train "))

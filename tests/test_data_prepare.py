@@ -186,8 +186,11 @@ def test_nothing_left_is_an_error() -> None:
 
 def _main_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
     monkeypatch.setenv("CAPRL_PARAMS_SCHEMA", str(SCHEMA))
-    (tmp_path / "dataset_coco.json").write_text(json.dumps(coco_like()))
-    for im in coco_like()["images"]:
+    data = coco_like()  # its val image has only empty captions: give prepare one it keeps (val is needed)
+    data["images"].append({**data["images"][3], "imgid": 4, "cocoid": 42, "filename": "COCO_000000000042.jpg",
+                           "sentences": [{"raw": "A cat."}]})
+    (tmp_path / "dataset_coco.json").write_text(json.dumps(data))
+    for im in data["images"]:
         (tmp_path / "img" / im["filepath"]).mkdir(parents=True, exist_ok=True)
         (tmp_path / "img" / im["filepath"] / im["filename"]).write_bytes(b"")
     return argparse.Namespace(params=REPO / "params.yaml", dataset="synthetic", raw=tmp_path / "dataset_coco.json",

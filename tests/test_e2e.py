@@ -20,15 +20,18 @@ from caprl.dvc_gen import render
 from caprl.params import expand_sweeps
 from caprl.workflow_plan import build_plan
 from conftest import REPO, TINY, TINY_VIDEO, default_params, merge
+from report_check import check_curves, check_mlflow_compare, check_report
 
 pytestmark = pytest.mark.e2e
 
 PARAMS = merge(default_params(), merge(TINY, {"datasets": {"synthetic_video": TINY_VIDEO}}))
 # Papers 003/004 here: the listener, Luo (frozen listener), ST and PSST multinomial (trained listener,
 # relaxed rows), both frozen speakers, value + actor-critic; the other methods run in their unit and
-# GPU tests (CI time). DVC re-runs the rest and the PSST runs (it runs its stages one at a time).
+# GPU tests (CI time). DVC (it runs its stages one at a time) re-runs the fc model's XE, SCST and
+# PSST runs with the main and operating-point tables, and the video set's fc XE run.
 DISC_LEFT_OUT = ("reinforce_joint", "st_gumbel", "psst_gumbel")
-DVC_LEFT_OUT = ("luo2018", "st_multinomial", "frozen_speaker", "value", "actor_critic")
+DVC_METHODS = ("xe", "scst", "listener", "psst_multinomial")
+DVC_TABLES = {"synthetic": ["main", "psst_points"], "synthetic_video": ["main"]}
 PARAMS["datasets"]["synthetic"]["runs"] = [
     run for run, spec in expand_sweeps(PARAMS)["runs"].items() if spec["method"] not in DISC_LEFT_OUT]
 PLAN = build_plan(PARAMS)
@@ -40,7 +43,7 @@ VIDEO = "synthetic_video"  # the built-in video set (TGIF format): its own runs 
 def fresh_copy(dst: Path, params: dict[str, Any]) -> Path:
     """The workflow in ``dst`` with these params and the dvc.yaml `caprl dvc-yaml` writes for them."""
     dst.mkdir(parents=True)
-    for name in ("Snakefile", "workflow", ".dvc", "src"):
+    for name in ("Snakefile", "workflow", ".dvc", ".dvcignore", ".gitignore", "src"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name,
                                                             **({"ignore": shutil.ignore_patterns("__pycache__", "*.egg-info", "tmp")} if src.is_dir() else {}))
@@ -204,18 +207,29 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
     assert {"captions.json", "scores.json", "examples.json"} <= artifacts
 
 
-def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Path, tmp_path: Path) -> None:
-    """Same params and seed, in another directory, through DVC: identical metrics (CPU determinism)."""
+@pytest.fixture(scope="module")
+def dvc_run(snakemake_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The same params, DVC_METHODS' runs and DVC_TABLES only, run by `dvc repro` in another copy:
+    its folder and plan."""
     params = yaml.safe_load((snakemake_run / "params.yaml").read_text())
     runs = expand_sweeps(params)["runs"]
-    params["datasets"]["synthetic"]["runs"] = [r for r in params["datasets"]["synthetic"]["runs"]
-                                               if runs[r]["method"] not in DVC_LEFT_OUT]
-    work = fresh_copy(tmp_path / "dvc", params)
+    for ds, tables in DVC_TABLES.items():
+        spec = params["datasets"][ds]
+        spec.update(tables=tables, runs=[r for r in spec["runs"] if runs[r]["model"] == "fc"
+                                         and runs[r]["method"] in DVC_METHODS[: 4 if ds == "synthetic" else 1]])
+    work = fresh_copy(tmp_path_factory.mktemp("dvc") / "dvc", params)
     run(["dvc", "repro", "--quiet"], work)
-    dvc_plan = build_plan(params)
+    return work, build_plan(params)
+
+
+def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Path, dvc_run: tuple[Path, Any]) -> None:
+    """Same params and seed, in another directory, through DVC: identical metrics (CPU determinism)."""
+    work, dvc_plan = dvc_run
     assert dvc_plan.retrieved("synthetic")  # the PSST runs and their retrieval stages are in
     scores = all_scores(snakemake_run)
-    assert all_scores(work, dvc_plan) == {key: scores[key] for key in all_scores(work, dvc_plan)}
+    strip = lambda s: {k: v for k, v in s.items() if k != "provenance"}  # noqa: E731 (the git state of the copies)
+    assert {k: strip(v) for k, v in all_scores(work, dvc_plan).items()} == \
+        {key: strip(scores[key]) for key in all_scores(work, dvc_plan)}
     for job in dvc_plan.retrieved("synthetic"):  # the listener ranks identically
         path = job.result("results/{dataset}/{run}/retrieval.json")
         assert (work / path).read_text() == (snakemake_run / path).read_text()
@@ -224,3 +238,51 @@ def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Pat
     snakemake_lines = (snakemake_run / "results" / "tables" / "synthetic_main.md").read_text().splitlines()
     assert dvc_lines == [line for line in snakemake_lines if line in set(dvc_lines)]
     assert all(any(f"[{job.run}]" in line for line in dvc_lines) for job in dvc_plan.evaluated("synthetic"))
+
+
+def test_a_clone_that_pulls_from_dvc_retrains_nothing_and_runs_experiments(dvc_run: tuple[Path, Any],
+                                                                           tmp_path: Path) -> None:
+    """git clone + dvc pull from a local remote + the main command: no job runs; then
+    `dvc exp run -S` changes one run's decoding, `dvc metrics diff` shows its new scores and
+    `dvc plots show` draws the learning curves."""
+    work, _ = dvc_run
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    run(["dvc", "remote", "add", "-d", "local", str(tmp_path / "remote")], work)
+    run(["dvc", "push", "--quiet"], work)
+    run(["git", "add", "-A"], work)
+    run([*git, "commit", "-qm", "results"], work)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(work), str(clone)], tmp_path)
+    run(["dvc", "pull", "--quiet"], clone)
+    proc = run(["snakemake", "--cores", "2", "all_tables"], clone)
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert "up to date" in run(["dvc", "status"], clone).stdout
+    proc = run(["dvc", "exp", "run", "-S", "+runs.fc-scst.decode.beam_size=1"], clone)
+    ran = {line.split("'")[1] for line in proc.stdout.splitlines() if line.startswith("Running stage")}
+    assert "synthetic-evaluate-fc-scst" in ran and not any("train-fc-xe" in s for s in ran), ran
+    diff = run(["dvc", "metrics", "diff", "--json"], clone).stdout
+    assert "results/synthetic/fc-scst/scores.json" in json.loads(diff)
+    plots = json.loads(run(["dvc", "plots", "show", "--json", "-o", str(tmp_path / "plots")], clone).stdout)
+    assert "results/figures/synthetic/curves/fc-scst.csv" in plots["data"]
+
+
+def test_dvc_lock_records_a_snakemake_run(snakemake_run: Path, tmp_path: Path) -> None:
+    """After the main command, `caprl dvc-lock`: `dvc status` tells the truth (every stage up to
+    date) and Snakemake still has nothing to do."""
+    work = tmp_path / "lock"
+    shutil.copytree(snakemake_run, work, symlinks=True)  # copy2: modification times kept
+    assert "changed" in run(["dvc", "status"], work).stdout  # no dvc.lock yet: every stage looks new
+    run(["caprl", "dvc-lock"], work)
+    assert "up to date" in run(["dvc", "status"], work).stdout
+    proc = run(["snakemake", "-n", "all_tables"], work)
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_report_holds_every_table_and_figure(snakemake_run: Path, tmp_path: Path) -> None:
+    """`snakemake --report`: every table and figure under its dataset and paper; MLflow's compare
+    view of two methods: their params and test metrics side by side (screenshots checked where
+    Chromium is or can be installed); the learning curves hold the histories."""
+    check_curves(snakemake_run)
+    out = Path(os.environ.get("CAPRL_REPORT_SCREENS", tmp_path))
+    check_report(snakemake_run, out / "report.png")
+    check_mlflow_compare(snakemake_run, out / "mlflow_compare.png", ("synthetic/fc-xe", "synthetic/fc-scst"))

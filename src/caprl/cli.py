@@ -33,10 +33,15 @@ STAGES: dict[str, tuple[str, str]] = {
     "attention-figure": ("caprl.figures.attention", "Stack-Cap Fig. 3: every stage's caption with its attention maps (PNG)"),
     "psst-figures": ("caprl.figures.discriminative",
                      "paper 004 Figs. 3-4: recall@10 against each language metric, and against rho (PNG)"),
+    "curves": ("caprl.figures.curves", "learning curves of every run of a dataset: PNG + CSV per run, an overview PNG"),
     "dvc-yaml": ("caprl.dvc_gen", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
+    "download": ("caprl.data.download", "download a real dataset's files (COCO 2014, Karpathy's splits, TGIF GIFs)"),
+    "bottomup": ("caprl.data.bottomup", "bottom-up-attention 36-box feature TSV(s) -> a features HDF5 file"),
+    "dvc-lock": ("caprl.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
+    "mlflow-sync": ("caprl.tracking_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
 }
 # Stages that maintain the repository, not steps of the DAG.
-TOOLS = {"score", "dvc-yaml"}
+TOOLS = {"score", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup"}
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:

@@ -22,8 +22,9 @@ import yaml
 
 from caprl import io, params as params_mod
 from caprl.errors import CaprlError
-from caprl.workflow_plan import (ATTENTION_DIR, BASELINE_RUN, CAPTIONS, EXAMPLES, FIGURES_DIR, RESULTS, RETRIEVAL, SCORES,
-                                 TABLES_DIR, Dataset, Plan, TrainJob, build_plan, log_skipped)
+from caprl.workflow_plan import (ATTENTION_DIR, BASELINE_RUN, CAPTIONS, CURVES_DIR, CURVES_OVERVIEW, EXAMPLES, FIGURES_DIR,
+                                 RESULTS, RETRIEVAL, SCORES, TABLES_DIR, Dataset, Plan, TrainJob, build_plan,
+                                 log_skipped)
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,6 @@ Stage = dict[str, Any]
 def caprl(stage: str, log_file: str, *args: str) -> str:
     """``caprl STAGE --params params.yaml --log LOG ARGS...`` as one command line."""
     return " ".join(["caprl", stage, "--params", PARAMS, "--log", log_file, *(a for a in args if a)])
-
-
-def no_cache(path: str) -> dict[str, dict[str, bool]]:
-    return {path: {"cache": False}}
 
 
 def data_stages(ds: Dataset, params: dict[str, Any]) -> dict[str, Stage]:
@@ -72,6 +69,13 @@ def data_stages(ds: Dataset, params: dict[str, Any]) -> dict[str, Stage]:
         "cmd": caprl("cider-df", ds.log("cider_df.log"), "--annotations", ds.annotations, "--split", "train",
                      "--out", ds.cider_df),
         "deps": ["src/caprl/rewards", ds.annotations], "outs": [ds.cider_df]}
+    if ds.bottomup:  # the features file is converted from the TSVs of bottom-up-attention (caprl bottomup)
+        stages[f"{n}-bottomup_features"] = {
+            "cmd": caprl("bottomup", ds.log(f"features_{ds.backbone}.log"), "--tsv", *ds.bottomup_tsv,
+                         "--annotations", ds.annotations, "--dataset", n, "--out", ds.features),
+            "deps": ["src/caprl/data/bottomup.py", "src/caprl/features/store.py", *ds.bottomup_tsv, ds.annotations],
+            "params": [f"datasets.{n}.backbone"], "outs": [ds.features]}
+        return stages
     shards = params["features"]["shards"]
     for shard in shards:
         stages[f"{n}-features-{shard}"] = {
@@ -103,7 +107,7 @@ def train_stage(job: TrainJob, ds: Dataset) -> Stage:
         "params": ["seed", "train", "decode", f"models.{spec.model}", f"objectives.{spec.method}",
                    f"runs.{spec.source}", *(["sweeps"] if spec.source != job.run else []),
                    *([f"rewards.{reward}"] if reward else []), *(["listener"] if job.retrieval else [])],
-        "outs": [job.checkpoint], "metrics": [no_cache(job.history)]}
+        "outs": [job.checkpoint, job.history]}
 
 
 def evaluate_stage(job: TrainJob, ds: Dataset, split: str) -> Stage:
@@ -115,7 +119,7 @@ def evaluate_stage(job: TrainJob, ds: Dataset, split: str) -> Stage:
         "deps": ["src/caprl/evaluation", job.checkpoint, ds.refs(split), ds.annotations, ds.vocab, ds.labels,
                  ds.features],
         "params": ["evaluate", "decode", f"runs.{job.spec.source}"], "outs": [captions, examples],
-        "metrics": [no_cache(scores)]}
+        "metrics": [scores]}
 
 
 def retrieval_stage(job: TrainJob, ds: Dataset) -> Stage:
@@ -125,7 +129,7 @@ def retrieval_stage(job: TrainJob, ds: Dataset) -> Stage:
                      "--checkpoint", job.checkpoint, "--captions", captions, *data_args(ds), "--out", out),
         "deps": ["src/caprl/evaluation", "src/caprl/retrieval", job.checkpoint, captions, ds.annotations, ds.vocab,
                  ds.labels, ds.features],
-        "params": ["evaluate.split", "listener"], "metrics": [no_cache(out)]}
+        "params": ["evaluate.split", "listener"], "outs": [out]}  # not metrics: it holds every image's rank
 
 
 def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
@@ -140,7 +144,7 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
                      ds.annotations, "--refs", ds.refs(split), "--out-captions", captions, "--out-scores", scores,
                      "--out-examples", examples),
         "deps": ["src/caprl/evaluation", ds.annotations, ds.refs(split)], "params": ["evaluate"],
-        "outs": [captions, examples], "metrics": [no_cache(scores)]}
+        "outs": [captions, examples], "metrics": [scores]}
     attention = plan.attention_job(n)
     if attention is not None:
         out_dir = ATTENTION_DIR.format(dataset=n)
@@ -159,13 +163,23 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
                          "--results-dir", RESULTS.format(dataset=n), "--out-dir", TABLES_DIR),
             "deps": ["src/caprl/tables", *plan.scores(n), *plan.retrieval_files(n)],
             "params": ["tables", "runs", f"datasets.{n}", "discriminative"],
-            "outs": [no_cache(path) for path in plan.table_files(n) if f"/{n}_{table}." in path]}
+            "outs": [path for path in plan.table_files(n) if f"/{n}_{table}." in path]}
     if plan.psst_pngs(n):
         stages[f"{n}-psst_figures"] = {
             "cmd": caprl("psst-figures", ds.log("psst_figures.log"), "--dataset", n,
                          "--results-dir", RESULTS.format(dataset=n), "--out-dir", FIGURES_DIR.format(dataset=n)),
             "deps": ["src/caprl/figures", *plan.scores(n), *plan.retrieval_files(n)],
             "params": ["runs", "discriminative"], "outs": plan.psst_pngs(n)}
+    curves = plan.curve_files(n)
+    if curves:
+        histories = [job.history for job in plan.trained(n)]
+        stages[f"{n}-curves"] = {
+            "cmd": caprl("curves", ds.log("curves.log"), "--dataset", n, "--out-dir", CURVES_DIR.format(dataset=n),
+                         "--overview", CURVES_OVERVIEW.format(dataset=n), "--history", *histories),
+            "deps": ["src/caprl/figures", *histories],
+            "outs": [path for path in curves if not path.endswith(".csv")],
+            "plots": [{path: {"x": "epoch", "y": "val_cider", "title": f"{n}: {Path(path).stem}"}}
+                      for path in curves if path.endswith(".csv")]}
     return stages
 
 

@@ -13,9 +13,11 @@ from typing import Any
 
 import yaml
 
+from caprl import io
 from caprl.errors import CaprlError
 
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "params.schema.yaml"
+BOTTOMUP = "bottomup"  # the backbone whose features come from bottom-up-attention's TSVs (caprl bottomup)
 
 
 def find_schema(params_path: Path) -> Path:
@@ -68,7 +70,7 @@ def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
     if not p.exists():
         raise CaprlError(f"params file not found: {p} (run from the repository root or pass --params)")
     try:
-        params = yaml.safe_load(p.read_text(encoding="utf-8"))
+        params = yaml.safe_load(io.read_text(p, "params file"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -152,6 +154,7 @@ def check(params: dict[str, Any]) -> None:
             generated = ", ".join(n for n, r in READERS.items() if r.generated)
             raise CaprlError(f"datasets.{name}.generate: the built-in generator writes the formats {generated}, "
                              f"not '{spec['format']}'")
+        _check_bottomup(name, spec, reader.media)
     if not enabled_datasets(params):
         raise CaprlError("datasets: no dataset has enabled: true; enable at least one")
     for name in enabled_datasets(params):
@@ -166,8 +169,7 @@ def check(params: dict[str, Any]) -> None:
         _check_reward(params, spec.options, f"runs.{run}.options.reward")
         for role, source in spec.init.items():
             if source not in params["runs"]:
-                raise CaprlError(f"runs.{run}.init.{role}: no run named '{source}' under runs: "
-                                 f"(runs: {', '.join(params['runs'])})")
+                raise CaprlError(f"runs.{spec.source}.init.{role}: {_unknown_run(params, source)}")
         _check_no_cycle(params, run)
         for role, source in spec.init.items():
             missing = [ds for ds in spec.datasets if ds not in run_spec(params, source).datasets]
@@ -175,6 +177,38 @@ def check(params: dict[str, Any]) -> None:
                 raise CaprlError(f"runs.{run}.init.{role}: run '{source}' does not train on {', '.join(missing)} "
                                  f"(set runs.{source}.datasets or runs.{run}.datasets, or list {source} "
                                  f"under datasets.{missing[0]}.runs)")
+
+
+def _check_bottomup(name: str, spec: dict[str, Any], media: str) -> None:
+    """``backbone: bottomup`` reads its features from the image TSVs of ``bottomup_tsv``, which only it reads."""
+    if spec["backbone"] != BOTTOMUP:
+        if "bottomup_tsv" in spec:
+            raise CaprlError(f"datasets.{name}.bottomup_tsv: only read with backbone: {BOTTOMUP} (this dataset's "
+                             f"backbone is {spec['backbone']}); remove it or set datasets.{name}.backbone: {BOTTOMUP}")
+        return
+    if not spec.get("bottomup_tsv"):
+        raise CaprlError(f"datasets.{name}.bottomup_tsv: backbone {BOTTOMUP} converts bottom-up-attention's feature "
+                         "TSV files; list them here (e.g. [data/raw/coco/trainval_36/"
+                         "trainval_resnet101_faster_rcnn_genome_36.tsv])")
+    if media != "image":
+        raise CaprlError(f"datasets.{name}.backbone: {BOTTOMUP} features are of images, and format "
+                         f"{spec['format']} holds {media}s; choose patches, resnet101 or resnet152")
+
+
+def _unknown_run(params: dict[str, Any], source: str) -> str:
+    """Why ``source`` names no run of the (sweep-expanded) ``runs:``, and what to name instead."""
+    points: dict[str, list[str]] = {}
+    for name, entry in params["runs"].items():
+        if SWEPT_FROM in entry:
+            points.setdefault(entry[SWEPT_FROM], []).append(name)
+    if source in points:
+        return (f"run '{source}' has a sweep: (one run per point), so name one of its points: "
+                f"{', '.join(points[source])}")
+    for base, names in points.items():
+        if source.startswith(f"{base}-"):
+            return (f"'{source}' is not a point of the sweep of runs.{base} (check its sweep: and the lists under "
+                    f"sweeps:); its points: {', '.join(names)}")
+    return f"no run named '{source}' under runs: (runs: {', '.join(params['runs'])})"
 
 
 def _check_reward(params: dict[str, Any], options: dict[str, Any], key: str) -> None:

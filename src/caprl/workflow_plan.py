@@ -19,7 +19,7 @@ from typing import Any
 
 from caprl import params as params_mod
 from caprl.errors import CaprlError
-from caprl.params import RunSpec
+from caprl.params import BOTTOMUP, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,10 @@ RAW_HELP = {
     "karpathy": "Karpathy's split file dataset_coco.json / dataset_flickr30k.json from his caption_datasets release",
     "tgif": "tgif-v1.0.tsv from the TGIF release, with its split lists train.txt, val.txt, test.txt beside it",
 }
+# backbone bottomup (caprl bottomup): where its TSV files come from; `caprl download` does not fetch them
+BOTTOMUP_HELP = ("trainval_36.zip from https://github.com/peteanderson80/bottom-up-attention, README 'Pretrained "
+                 "features', '36 features per image (fixed)': the COCO 2014 train+val images; unzipped it holds "
+                 "trainval_36/trainval_resnet101_faster_rcnn_genome_36.tsv. caprl download does not fetch it")
 # files a raw format reads beside its raw file (TGIF's official split lists)
 RAW_SIDE_FILES = {"tgif": ("train.txt", "val.txt", "test.txt")}
 RAW_LOGS = "logs/{dataset}"
@@ -56,6 +60,12 @@ PSST_FIGURES = ("psst_fig3", "psst_fig4")  # paper 004's Fig. 3 and Fig. 4
 PSST_PNG = "results/figures/{dataset}/{figure}.png"
 ATTENTION_DIR = "results/figures/{dataset}/attention"
 ATTENTION_PNG = "results/figures/{dataset}/attention/attention_{k}.png"
+# `caprl curves`, per dataset: every trained run's learning curves (PNG) and their series (CSV:
+# dataset, run, epoch, train_loss, val_cider), and the validation CIDEr-D of every run in one PNG
+CURVES_DIR = "results/figures/{dataset}/curves"
+CURVES_PNG = "results/figures/{dataset}/curves/{run}.png"
+CURVES_CSV = "results/figures/{dataset}/curves/{run}.csv"
+CURVES_OVERVIEW = "results/figures/{dataset}/curves_val_cider.png"
 TABLES_DIR = "results/tables"
 TABLE = "results/tables/{dataset}_{table}.{ext}"
 TABLE_FORMATS = ("md", "csv", "tex")
@@ -66,7 +76,8 @@ ATTENTION_METHOD, ATTENTION_ARCH = "c2f", "stackcap"
 
 @dataclass(frozen=True)
 class Dataset:
-    """An enabled dataset and its files."""
+    """An enabled dataset and its files. ``bottomup_tsv``: with backbone bottomup, the TSV files its
+    features file is converted from (``caprl bottomup``) instead of extracted from its images."""
 
     name: str
     format: str
@@ -74,6 +85,11 @@ class Dataset:
     media_root: str
     generate: bool
     backbone: str
+    bottomup_tsv: tuple[str, ...] = ()
+
+    @property
+    def bottomup(self) -> bool:
+        return self.backbone == BOTTOMUP
 
     @property
     def annotations(self) -> str:
@@ -116,13 +132,20 @@ class Dataset:
         return f"{RAW_LOGS.format(dataset=self.name)}/{name}"
 
     def missing_raw(self) -> str | None:
-        """Why the DAG cannot start for this dataset (its raw file is missing), or None."""
-        if self.generate or os.path.exists(self.raw):
-            return None
-        what = RAW_HELP.get(self.format, "the raw file its reader (format) reads")
-        return (f"datasets.{self.name}.raw: {self.raw} does not exist. Put the dataset's raw file there "
-                f"({what}) and its media under {self.media_root}, or set "
-                f"datasets.{self.name}.enabled: false. See README.md, 'Real data'.")
+        """Why the DAG cannot start for this dataset (its raw file or a bottom-up TSV is missing), or None."""
+        reasons = []
+        if not (self.generate or os.path.exists(self.raw)):
+            what = RAW_HELP.get(self.format, "the raw file its reader (format) reads")
+            reasons.append(f"datasets.{self.name}.raw: {self.raw} does not exist. Put the dataset's raw file there "
+                           f"({what}) and its media under {self.media_root}, or set "
+                           f"datasets.{self.name}.enabled: false. See README.md, 'Real data'.")
+        missing = [path for path in self.bottomup_tsv if not os.path.exists(path)]
+        if missing:
+            reasons.append(f"datasets.{self.name}.bottomup_tsv: {', '.join(missing)} "
+                           f"{'does' if len(missing) == 1 else 'do'} not exist. Put the bottom-up features there "
+                           f"({BOTTOMUP_HELP}), or drop bottomup_tsv and set datasets.{self.name}.backbone to one "
+                           "caprl extracts from images (patches, resnet101, resnet152). See README.md, 'Real data'.")
+        return "\n".join(reasons) or None
 
 
 @dataclass(frozen=True)
@@ -202,6 +225,11 @@ class Plan:
         return {run: reason for (ds, run), reason in self.skipped.items() if ds == dataset}
 
     def attention_job(self, dataset: str) -> TrainJob | None:
+        """The run Stack-Cap Fig. 3 is drawn from; None where there is none, or where the regions are
+        bottom-up boxes (the figure draws attention over a grid of regions)."""
+        ds = self.datasets.get(dataset)
+        if ds is not None and ds.bottomup:
+            return None
         models = self.params["models"]
         return next((job for job in self.trained(dataset) if job.spec.method == ATTENTION_METHOD
                      and models[job.spec.model]["arch"] == ATTENTION_ARCH), None)
@@ -210,6 +238,15 @@ class Plan:
         if self.attention_job(dataset) is None:
             return []
         return [ATTENTION_PNG.format(dataset=dataset, k=k) for k in range(self.params["figures"]["attention_images"])]
+
+    def curve_files(self, dataset: str) -> list[str]:
+        """What ``caprl curves`` writes for ``dataset``: per trained run its PNG and CSV, then the
+        overview (none where the dataset trains no run)."""
+        runs = [job.run for job in self.trained(dataset)]
+        if not runs:
+            return []
+        return [pattern.format(dataset=dataset, run=run) for run in runs for pattern in (CURVES_PNG, CURVES_CSV)] \
+            + [CURVES_OVERVIEW.format(dataset=dataset)]
 
     def scores(self, dataset: str) -> list[str]:
         """Every score file the tables of ``dataset`` read (evaluated runs, then the baseline)."""
@@ -241,7 +278,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
         build_reader(spec["format"], name)  # a format whose reader has not landed is an error now
         _check_generated(spec)
         datasets[name] = Dataset(name, spec["format"], spec["raw"], spec["media_root"], spec["generate"],
-                                 spec["backbone"])
+                                 spec["backbone"], tuple(spec.get("bottomup_tsv", ())))
     specs = {run: params_mod.run_spec(params, run) for run in params["runs"]}
     reasons: dict[str, str | None] = {}
     plan = Plan(params, datasets, {})

@@ -13,6 +13,26 @@ except CaprlError as exc:
     raise WorkflowError(f"{PARAMS}: {exc}")
 for reason in PLAN.missing_raw():
     raise WorkflowError(reason)
+
+
+def untrained_model_inits(plan):
+    """``runs.<run>.init.model`` naming a run that trains no caption model (a listener or value
+    run): its checkpoint's model is untrained, or only the one it started from."""
+    for (ds, run), job in plan.jobs.items():
+        source = job.spec.init.get("model")
+        origin = plan.jobs.get((ds, source))
+        if origin is not None and not origin.captioner:
+            before = origin.spec.init.get("model")
+            if before:
+                what, fix = "the one it started from", f"name run {before} (runs.{source}.init.model)"
+            else:
+                what, fix = "untrained", "name a run that trains one (e.g. an xe run)"
+            yield (f"runs.{job.spec.source}.init.model: run {source} (method {origin.spec.method}) trains no "
+                   f"caption model, so its checkpoint's caption model is {what}; {fix}")
+
+
+for reason in untrained_model_inits(PLAN):
+    raise WorkflowError(f"{PARAMS}: {reason}")
 for (ds, run), reason in PLAN.skipped.items():
     logger.warning(f"run {run} on dataset {ds} is skipped: {reason}")
 
@@ -22,7 +42,7 @@ GENERATED_VIDEOS = [ds for ds, spec in DATASETS.items() if spec.generate and spe
 EVAL_SPLIT = config["evaluate"]["split"]
 TABLE_FILES = PLAN.table_files()
 TABLE_NAMES = sorted({table for ds in DATASETS for table in PLAN.tables(ds)})
-FIGURE_FILES = [png for ds in DATASETS for png in PLAN.attention_pngs(ds) + PLAN.psst_pngs(ds)]
+FIGURE_FILES = [path for ds in DATASETS for path in PLAN.attention_pngs(ds) + PLAN.psst_pngs(ds) + PLAN.curve_files(ds)]
 RUNS = PLAN.params["runs"]  # runs: with every sweep expanded into its points
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches on CPU.
@@ -71,6 +91,15 @@ def features_gpus(wildcards):
 
 def shard_files(wildcards):
     return [dataset(wildcards).shard(shard) for shard in config["features"]["shards"]]
+
+
+# backbone bottomup: the features file is converted from the dataset's TSV files, not extracted in shards
+BOTTOMUP_DATASETS = [ds for ds, spec in DATASETS.items() if spec.bottomup]
+EXTRACTED_BACKBONES = sorted({spec.backbone for spec in DATASETS.values() if not spec.bottomup})
+
+
+def bottomup_tsv(wildcards):
+    return list(dataset(wildcards).bottomup_tsv)
 
 
 def train_job(wildcards):

@@ -1,10 +1,13 @@
-# Per dataset: one extraction job per shard with the dataset's backbone, then one merge.
+# Per dataset: one extraction job per shard with the dataset's backbone, then one merge; with
+# backbone bottomup, one conversion of bottom-up-attention's TSV files instead.
 rule features:
     input:
         annotations=wp.ANNOTATIONS,
         images=media_root,
     output:
         wp.SHARD,
+    wildcard_constraints:
+        backbone=one_of(EXTRACTED_BACKBONES),
     params:
         settings=config["features"],
     log:
@@ -22,6 +25,8 @@ rule merge_features:
         shards=shard_files,
     output:
         wp.FEATURES,
+    wildcard_constraints:
+        backbone=one_of(EXTRACTED_BACKBONES),
     params:
         shard_dir=wp.SHARD_DIR,
     log:
@@ -29,3 +34,21 @@ rule merge_features:
     shell:
         "caprl merge-features --params {PARAMS} --log {log} --annotations {input.annotations} --shard-dir {params.shard_dir}"
         " --out {output}"
+
+
+if BOTTOMUP_DATASETS:
+
+    rule bottomup_features:
+        input:
+            annotations=wp.ANNOTATIONS,
+            tsv=bottomup_tsv,
+        output:
+            wp.FEATURES,
+        wildcard_constraints:
+            dataset=one_of(BOTTOMUP_DATASETS),
+            backbone=wp.BOTTOMUP,
+        log:
+            "logs/{dataset}/features_{backbone}.log",
+        shell:
+            "caprl bottomup --params {PARAMS} --log {log} --tsv {input.tsv} --annotations {input.annotations}"
+            " --dataset {wildcards.dataset} --out {output}"

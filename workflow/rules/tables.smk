@@ -1,20 +1,29 @@
 # Per dataset and table (datasets.<name>.tables, or tables:): one job reads the evaluated
-# runs' score files and writes results/tables/<dataset>_<table>.{md,csv,tex}.
+# runs' score files and writes results/tables/<dataset>_<table>.{md,csv,tex}. The report
+# shows the CSV (its caption renders it as a table), under the dataset and the table's paper.
+def table_paper(wildcards):
+    """The report subcategory of a table: its paper, from the name (stackcap_table1: Stack-Cap)."""
+    prefix = next((p for p in PAPERS if wildcards.table == p or wildcards.table.startswith(f"{p}_")), None)
+    return PAPERS[prefix] if prefix else "Other tables"
+
+
 rule tables:
     input:
         scores=table_scores,
     output:
         md=wp.TABLE.replace("{ext}", "md"),
-        csv=wp.TABLE.replace("{ext}", "csv"),
+        csv=report(wp.TABLE.replace("{ext}", "csv"), caption="../report/table.rst", category="{dataset}",
+                   subcategory=table_paper, labels={"result": "table {table}"}),
         tex=wp.TABLE.replace("{ext}", "tex"),
     wildcard_constraints:
         table=one_of(TABLE_NAMES),
     params:
+        params_file=PARAMS,
         results=wp.RESULTS,
-        out_dir=wp.TABLES_DIR,
+        out_dir=outputs_folder,
         settings=table_settings,
     log:
         "logs/{dataset}/tables_{table}.log",
     shell:
-        "caprl tables --params {PARAMS} --log {log} --dataset {wildcards.dataset} --table {wildcards.table}"
+        "caprl tables --params {params.params_file} --log {log} --dataset {wildcards.dataset} --table {wildcards.table}"
         " --results-dir {params.results} --out-dir {params.out_dir}"

@@ -177,6 +177,39 @@ def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) ->
         )
 
 
+# where a split's images come from, by raw format (for the error naming an empty split)
+SPLIT_SOURCE = {"karpathy": "set \"split\": \"{split}\" on some of its images; Karpathy's 'restval' counts as train",
+                "tgif": "list some GIFs in {split}.txt beside it, one URL per line"}
+
+
+def needed_splits(params: dict[str, Any], dataset: str) -> dict[str, list[tuple[str, str]]]:
+    """The splits the workflow reads of ``dataset``: split -> [(why, how else to avoid it)].
+    Train always, val when a run trains on it, and ``evaluate.split``."""
+    needed: dict[str, list[tuple[str, str]]] = {
+        "train": [("the vocabulary, the CIDEr-D document frequencies and training read it", "")]}
+    if params["datasets"][dataset].get("runs", params["runs"]):
+        needed["val"] = [("training picks each run's best epoch on validation CIDEr-D",
+                          f"set datasets.{dataset}.runs: [] if nothing is to be trained on it")]
+    needed.setdefault(params["evaluate"]["split"], []).append(
+        ("evaluation scores it (evaluate.split)", "set evaluate.split to a split it has"))
+    return {split: needed[split] for split in SPLITS if split in needed}
+
+
+def check_splits(annotations: dict[str, Any], needed: dict[str, list[tuple[str, str]]], raw: Path, dataset: str,
+                 fmt: str) -> None:
+    """Every split in ``needed`` must have images; else a CaprlError naming the file, the split,
+    why it is needed and what to do."""
+    counts = annotations["stats"]["split_images"]
+    for split, uses in needed.items():
+        if counts.get(split):
+            continue
+        have = ", ".join(f"{n} {s}" for s, n in counts.items())
+        source = SPLIT_SOURCE.get(fmt, "put some of its images in split '{split}'").format(split=split)
+        fixes = "".join(f", or {fix}" for _, fix in uses if fix)
+        raise CaprlError(f"{raw}: the {split} split of dataset {dataset} is empty ({have} images); "
+                         f"{'; '.join(why for why, _ in uses)}. Give it {split} images ({source}){fixes}.")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--raw", type=Path, default=None, help="raw description (default: datasets.<name>.raw)")
@@ -194,6 +227,7 @@ def main(args: argparse.Namespace) -> None:
     reader = build_reader(spec["format"], args.dataset)
     annotations = reader.read(raw, media_root, args.dataset, settings=params["features"].get("video"))
     stats = annotations["stats"]
+    check_splits(annotations, needed_splits(params, args.dataset), raw, args.dataset, spec["format"])
     io.write_json(args.out, annotations, indent=None)
     log.info(
         "wrote %s: %d images (%s), %d captions",

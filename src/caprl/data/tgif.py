@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 from tqdm import tqdm
 
+from caprl import io
 from caprl.data import SPLITS
 from caprl.data.gif import GifError, GifLimits, gif_limits, probe, video_settings
 from caprl.data.prepare import tokenize
@@ -95,7 +96,7 @@ def read_tgif(raw: Path, media_root: Path, dataset: str, settings: Mapping[str, 
                          "from the TGIF release")
     split_of: dict[str, str] = {}
     for split, path in split_lists(raw).items():
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for n, line in enumerate(io.read_text(path, "TGIF split list").splitlines(), start=1):
             if not line.strip():
                 continue
             name = gif_name(line)
@@ -104,7 +105,7 @@ def read_tgif(raw: Path, media_root: Path, dataset: str, settings: Mapping[str, 
     captions: dict[str, list[tuple[list[str], str]]] = defaultdict(list)
     stats = {"captions_read": 0, "empty_captions_dropped": 0, "not_in_a_split": 0}
     unlisted: set[str] = set()
-    for n, line in enumerate(raw.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(io.read_text(raw, "TGIF sentence file").splitlines(), start=1):
         if not line.strip():
             continue
         url, tab, sentence = line.partition("\t")

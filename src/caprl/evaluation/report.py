@@ -8,7 +8,7 @@ from typing import Any
 from caprl import io
 from caprl.errors import CaprlError
 from caprl.metrics.official import OfficialScorer
-from caprl.tracking import Tracker
+from caprl.tracking import Tracker, provenance
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +23,16 @@ def score_and_record(
     out_scores: str,
     out_examples: str,
     extra: dict[str, Any] | None = None,
+    train_run_id: str = "",
 ) -> dict[str, Any]:
     """Write COCO-format results, official scores (``out_scores``), and log both to MLflow.
 
     ``info`` (dataset, run, model, method, ...) is stored beside the metrics so the tables
     can be built from the score files alone; ``info["dataset"]`` names the dataset.
     ``extra`` sections (e.g. ``diversity``) are stored in the score file as they are.
+    ``train_run_id``: the MLflow run of the training job; the evaluation run is nested under
+    it and its test metrics are also logged there (``test/<metric>``), so comparing training
+    runs shows params and test metrics side by side.
     """
     if "dataset" not in info:
         raise CaprlError(f"{label}: the evaluation info has no 'dataset' (pass --dataset to the stage)")
@@ -41,8 +45,10 @@ def score_and_record(
         scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
     finally:
         scorer.close()
-    report = {**info, "split": ev["split"], "n_images": len(results),
-              "metrics": scored["corpus"], "unavailable": scored.get("unavailable", {}), **(extra or {})}
+    report = {**info, "provenance": provenance(), "split": ev["split"], "n_images": len(results),
+              "metrics": scored["corpus"], **(extra or {}),
+              # why a metric was not computed, without this machine's paths
+              "unavailable": {m: io.portable(why) for m, why in scored.get("unavailable", {}).items()}}
     io.write_json(out_scores, report)
     for name, reason in report["unavailable"].items():
         log.warning("%s unavailable: %s", name, reason)
@@ -50,10 +56,17 @@ def score_and_record(
     examples = [{"image_id": i, "caption": captions[i], "references": references[i]}
                 for i in sorted(captions)[: ev["n_examples"]]]
     io.write_json(out_examples, examples)
-    with Tracker(params["tracking"]["experiment"], f"{dataset}/{label}/evaluate",
-                 tags={"stage": "evaluate", **{k: str(v) for k, v in info.items()}}) as tracker:
+    tags = {"stage": "evaluate", **{k: str(v) for k, v in info.items() if not isinstance(v, (dict, list))}}
+    with Tracker(params["tracking"]["experiment"], f"{dataset}/{label}/evaluate", tags=tags, stage="evaluate",
+                 parent_run_id=train_run_id or None) as tracker:
         tracker.log_params({"evaluate": ev, "decode": params["decode"], **{"info": info}})
         tracker.log_metrics(report["metrics"])
+        if train_run_id:
+            tracker.log_metrics({f"test/{k}": v for k, v in report["metrics"].items()}, run_id=train_run_id)
+            if (extra or {}).get("lookahead"):
+                tracker.log_metrics({f"test_lookahead/{k}": v for k, v in extra["lookahead"]["metrics"].items()},
+                                    run_id=train_run_id)
+            tracker.set_tags({"caprl.evaluate.run_id": tracker.run_id or ""}, run_id=train_run_id)
         for section, scores in (extra or {}).get("diversity", {}).items():
             if section in ("rs", "bs"):
                 tracker.log_metrics({f"{section}/{k}": v for k, v in scores.items()})

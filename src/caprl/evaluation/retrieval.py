@@ -150,10 +150,15 @@ def main(args: argparse.Namespace) -> None:
     io.write_json(args.out, report)
     from caprl.tracking import Tracker
 
-    with Tracker(params["tracking"]["experiment"], f"{args.dataset}/{args.run}/retrieval",
-                 tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run}) as tracker:
-        tracker.log_metrics({k: report[k] for k in ("R@1", "R@5", "R@10", "mean_rank", "median_rank")})
+    train_run_id = checkpoint.load(args.checkpoint).mlflow_run_id or None
+    recall = {k: report[k] for k in ("R@1", "R@5", "R@10", "mean_rank", "median_rank")}
+    with Tracker(params["tracking"]["experiment"], f"{args.dataset}/{args.run}/retrieval", stage="retrieval",
+                 tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run},
+                 parent_run_id=train_run_id) as tracker:
+        tracker.log_metrics(recall)
         tracker.log_artifact(args.out)
+        if train_run_id:  # beside the language metrics in the training run (test/...)
+            tracker.log_metrics({f"test/{k}": v for k, v in recall.items()}, run_id=train_run_id)
     log.info("%s retrieval (%s, %d images): R@1 %.1f%%, R@5 %.1f%%, R@10 %.1f%%, mean rank %.1f -> %s",
              args.run, report["split"], report["n_images"], 100 * report["R@1"], 100 * report["R@5"],
              100 * report["R@10"], report["mean_rank"], args.out)

@@ -19,6 +19,7 @@ from caprl import checkpoint, decoding, params as params_mod
 from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
+from caprl.evaluation import degenerate
 from caprl.evaluation.diversity import set_scores
 from caprl.evaluation.report import score_and_record
 from caprl.metrics.official import OfficialScorer
@@ -114,14 +115,14 @@ def main(args: argparse.Namespace) -> None:
                                 **decoder_settings(params, args.run, decode["method"], value))
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
     if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:
         extra["diversity"] = diversity_report(model, data, ids, references, params)
     if value is not None and params["evaluate"].get("lookahead"):
         same = captions if decode["method"] == "lookahead" else None
         extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, same)
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
-                     args.out_examples, extra=extra)
+                     args.out_examples, extra=extra, train_run_id=ckpt.mlflow_run_id)
 
 
 def run_decode(params: dict[str, Any], run: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class ReferenceSet:
         order = np.lexsort((ref, gid, slot_of_ref[ref]))
         gid, ref, slot = gid[order], ref[order], slot_of_ref[ref[order]]
         # runs: the references of one image that contain one n-gram
-        run_start = np.flatnonzero(np.r_[True, (gid[1:] != gid[:-1]) | (slot[1:] != slot[:-1])])
+        run_start = np.flatnonzero(np.r_[len(gid) > 0, (gid[1:] != gid[:-1]) | (slot[1:] != slot[:-1])])  # none: all empty
         self.run_gid = gid[run_start].astype(np.int32)
         self.run_ptr = np.r_[run_start, len(gid)].astype(np.int64)
         # runs of (image slot s, order k) are img_run_ptr[4s+k]:img_run_ptr[4s+k+1]

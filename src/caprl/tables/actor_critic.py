@@ -82,7 +82,7 @@ def kind_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str |
                          "re-run its evaluation).")
         cells = metric_cells(section, COLUMNS)
         if coco and kind.paper is not None:
-            cells = [Cell(c.ours, kind.paper.get(k)) for c, k in zip(cells, keys)]
+            cells = [Cell(c.ours, kind.paper.get(k), flags=c.flags) for c, k in zip(cells, keys)]
         label = kind.label(params, spec) + suffix + (f" [{spec.name}]" if spec is not None and len(runs) > 1 else "")
         rows.append((label, cells))
     return rows

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 from caprl import io, params as params_mod
+from caprl.io import portable
 from caprl.errors import CaprlError
 from caprl.registry import Registry
 from caprl.params import RunSpec
@@ -43,32 +43,23 @@ def register_table(name: str) -> Callable[[TableBuilder], TableBuilder]:
     return TABLES.register(name)
 
 
+def degenerate_flags(scores: dict[str, Any] | None) -> tuple[str, ...]:
+    """The footnote of a score file whose captions are degenerate (its ``warnings``, written by
+    ``caprl evaluate``, :mod:`caprl.evaluation.degenerate`); () for none."""
+    warnings = (scores or {}).get("warnings") or []
+    if not warnings:
+        return ()
+    what = "; ".join(str(w.get("message", w)) if isinstance(w, dict) else str(w) for w in warnings)
+    return (f"{scores.get('run', '?')}: degenerate captions: {what}. Its scores measure a collapsed model "
+            "(see `warnings` in its scores.json).",)
+
+
 def metric_cells(scores: dict[str, Any] | None, metrics: list[tuple[str, str]] = METRICS) -> list[Cell]:
-    """Percentages as in the papers; None where the run or the metric is missing."""
+    """Percentages as in the papers; None where the run or the metric is missing; flagged
+    (:func:`degenerate_flags`) where the run's captions are degenerate."""
     values = (scores or {}).get("metrics", {})
-    return [Cell(100.0 * values[key] if key in values else None) for _, key in metrics]
-
-
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>-])/[^\s,;:()'\"\[\]]+")
-_PACKAGE_DIRS = ("site-packages", "dist-packages")
-
-
-def _portable_path(match: re.Match[str]) -> str:
-    path = Path(match.group(0))
-    for i, part in enumerate(path.parts):
-        if part in _PACKAGE_DIRS:
-            return "/".join(("<python packages>",) + path.parts[i + 1:])
-    try:
-        return path.relative_to(Path.cwd()).as_posix() or "."
-    except ValueError:
-        return "/".join(("…",) + path.parts[-2:])
-
-
-def portable(text: str) -> str:
-    """``text`` with this machine's absolute paths made machine-independent: relative to the
-    working directory (the repository root), ``<python packages>/...`` for installed
-    packages, or ``…/<parent>/<name>`` otherwise — tables are committed and compared."""
-    return _ABSOLUTE_PATH.sub(_portable_path, text)
+    flags = degenerate_flags(scores)
+    return [Cell(100.0 * values[key] if key in values else None, flags=flags) for _, key in metrics]
 
 
 def unavailable_notes(scores: Scores) -> list[str]:

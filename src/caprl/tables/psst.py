@@ -19,10 +19,11 @@ its curve does not reach the operating point (the notes give the curve's range).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from caprl.tables import psst_numbers as paper
-from caprl.tables.build import Scores, register_table, unavailable_notes, with_paper
+from caprl.tables.build import Scores, degenerate_flags, register_table, unavailable_notes, with_paper
 from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABELS, PSST_METHODS, RECALLS,
                                     Curve, OperatingPoint, Point, curve, decode_text, family_points,
                                     interpolate, method_points, models_of, operating_point, overlap_value, rho_curves,
@@ -83,6 +84,10 @@ class Family:
         split = self.params["evaluate"]["split"]
         return f"{self.dataset} {split} split: {paper.PAPER} {what} ({decode_text(self.points)})"
 
+    def flags(self, points: list[Point]) -> tuple[str, ...]:
+        """The degenerate-caption footnotes of the points' runs (a curve through them is suspect)."""
+        return tuple(flag for p in points for flag in degenerate_flags(self.scores.get(p.spec.name)))
+
     def shown_scores(self) -> Scores:
         runs = {p.spec.name for p in self.points}
         return {run: s for run, s in self.scores.items() if run in runs}
@@ -127,8 +132,9 @@ def curve_rows(family: Family, methods: list[str], x: str, ys: list[str], op: Op
         for method in methods:
             label = family.label(METHOD_LABELS[method], model)
             runs = [p for p in family.runs(method, model) if p.complete]
-            rows.append((label, read_cells(runs, x, ys, op.value, scale, decimals,
-                                           None if numbers is None else numbers.get(method))))
+            flags = family.flags(runs)
+            rows.append((label, [dataclasses.replace(c, flags=flags) for c in read_cells(
+                runs, x, ys, op.value, scale, decimals, None if numbers is None else numbers.get(method))]))
             notes += [n for n in (family.missing_note(method, model, label), outside_note(label, runs, x, op, show))
                       if n]
     return rows
@@ -298,6 +304,7 @@ def psst_points(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         cells += [Cell(v.get(k), decimals=3) for k in LANGUAGE]
         cells += [Cell(100.0 * v[k] if k in v else None) for k in RECALLS]
         cells.append(Cell(v.get("mean_rank")))
+        cells = [dataclasses.replace(c, flags=family.flags([p])) for c in cells]
         table.rows.append((f"{family.label(label, p.spec.model)} [{p.spec.name}]", cells))
     table.notes = ["Language metrics as fractions (official coco-caption implementations); R@K in % and mean rank "
                    "of the run's own listener over every image of the split; — = not evaluated (no scores.json or "

@@ -31,8 +31,8 @@ from typing import Any, Callable
 
 from caprl.params import RunSpec
 from caprl.tables import sle_numbers as paper
-from caprl.tables.build import (UNAVAILABLE, Scores, metric_cells, not_trained_reason, register_table,
-                                run_label, title, unavailable_notes)
+from caprl.tables.build import (UNAVAILABLE, Scores, degenerate_flags, metric_cells, not_trained_reason,
+                                register_table, run_label, title, unavailable_notes)
 from caprl.tables.render import MISSING, Cell, Table
 from caprl.tables.runs import dataset_runs, select
 
@@ -94,7 +94,7 @@ def sle_models(params: dict[str, Any], dataset: str) -> list[str]:
 
 
 def mcs_cells(scores: dict[str, Any] | None) -> list[Cell]:
-    return [Cell(c.ours, decimals=1) for c in metric_cells(scores, MCS)]
+    return [Cell(c.ours, decimals=1, flags=c.flags) for c in metric_cells(scores, MCS)]
 
 
 def kind_label(params: dict[str, Any], model: str, kind: str) -> str:
@@ -205,6 +205,7 @@ def diversity_cells(scores: dict[str, Any] | None, decoding: str) -> list[Cell]:
     """One decoding's precision and diversity; — for a missing run, "not evaluated" for a score
     file without that part of the diversity section (never a number)."""
     section = None if scores is None else (scores.get("diversity") or {}).get(decoding) or {}
+    flags = degenerate_flags(scores)
     cells: list[Cell] = []
     for _, _, key, scale, decimals in TABLE4_COLUMNS:
         if section is None:
@@ -212,7 +213,7 @@ def diversity_cells(scores: dict[str, Any] | None, decoding: str) -> list[Cell]:
         elif key not in section:
             cells.append(Cell(None, missing=NOT_EVALUATED, decimals=decimals))
         else:
-            cells.append(Cell(scale * section[key], decimals=decimals))
+            cells.append(Cell(scale * section[key], decimals=decimals, flags=flags))
     return cells
 
 

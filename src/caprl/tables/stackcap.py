@@ -76,7 +76,7 @@ def model_rows(params: dict[str, Any], dataset: str, scores: Scores, spec: RowSp
     for run in runs or [None]:
         cells = metric_cells(scores.get(run) if run else None, _metrics(columns))
         if with_paper(dataset):
-            cells = [Cell(c.ours, spec.paper.get(col), c.spread) for c, col in zip(cells, columns)]
+            cells = [Cell(c.ours, spec.paper.get(col), c.spread, flags=c.flags) for c, col in zip(cells, columns)]
         label = spec.label if len(runs) <= 1 else f"{spec.label} [{run}]"
         rows.append((label, cells))
     return rows

@@ -163,7 +163,7 @@ class Trainer:
             ckpt.rng = {"cpu": self.dist.gather(torch.get_rng_state())}  # one state per process
             if self.dist.device.type == "cuda":
                 ckpt.rng["cuda"] = self.dist.gather(torch.cuda.get_rng_state(self.dist.device).cpu())
-            ckpt.mlflow_run_id = getattr(self.tracker, "run_id", None) or ""
+        ckpt.mlflow_run_id = getattr(self.tracker, "run_id", None) or ""  # evaluation nests its run under it
         return ckpt
 
     def save_state(self) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from caprl import checkpoint, io, params as params_mod
 from caprl.errors import CaprlError
@@ -58,6 +59,22 @@ def parse_inits(values: list[str]) -> dict[str, str]:
     return out
 
 
+def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict[str, str]) -> None:
+    """Every ``--init`` checkpoint must exist; else a CaprlError naming it and the params key
+    (``runs.<run>.init.<role>``) whose run makes it."""
+    spec = params_mod.run_spec(params, run)
+    for role, path in inits.items():
+        if Path(path).is_file():
+            continue
+        source = spec.init.get(role)
+        if source is None:
+            raise CaprlError(f"--init {role}={path}: checkpoint not found, and params runs.{spec.source} has no "
+                             f"init.{role} (its init: {spec.init or 'none'}); drop this --init or add the role")
+        raise CaprlError(f"--init {role}={path}: checkpoint not found; params runs.{spec.source}.init.{role} starts "
+                         f"this run from run {source}: train {source} on dataset {dataset} first "
+                         f"(`snakemake runs/{dataset}/{source}/best.pt`), or pass its best checkpoint")
+
+
 def config_hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -96,9 +113,24 @@ def load_inits(modules: dict[str, torch.nn.Module], inits: dict[str, str], expec
         modules[role].load_state_dict(record.state)
 
 
+def init_tags(dataset: str, roles: dict[str, str], inits: dict[str, str]) -> dict[str, str]:
+    """``caprl.init.<role>``: the training job (and MLflow run id) each init module comes from."""
+    tags: dict[str, str] = {}
+    for role, source in roles.items():
+        tags[f"caprl.init.{role}"] = f"{dataset}/{source}/train"
+        if role in inits and Path(inits[role]).exists():
+            run_id = checkpoint.load(inits[role]).mlflow_run_id
+            if run_id:
+                tags[f"caprl.init.{role}.run_id"] = run_id
+    return tags
+
+
 def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cider_df_path: str,
-          inits: dict[str, str], state_dir: Path, dist: Dist | None = None) -> tuple[Path, list[dict[str, Any]]]:
-    """Train ``run`` on ``dataset``; returns the path of the best state and the per-epoch history."""
+          inits: dict[str, str], state_dir: Path, dist: Dist | None = None,
+          log_file: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
+    """Train ``run`` on ``dataset``; returns the path of the best state and the per-epoch history.
+
+    ``log_file`` (the job's log) is attached to the MLflow run with the config and history."""
     dist = dist or Dist()
     spec = params_mod.run_spec(params, run)
     if spec.model not in params["models"]:
@@ -151,16 +183,22 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
             run_id = checkpoint.load(previous).mlflow_run_id or None
         except CaprlError:
             run_id = None
-    with Tracker(experiment, f"{dataset}/{run}/train",
-                 tags={"stage": "train", "dataset": dataset, "run": run, "model": spec.model, "method": spec.method},
-                 run_id=run_id, enabled=dist.main) as tracker:
+    tags = {"stage": "train", "dataset": dataset, "run": run, "model": spec.model, "method": spec.method,
+            **init_tags(dataset, spec.init, inits)}
+    with Tracker(experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
+                 stage="train") as tracker:
         trainer = Trainer(model, objective, data, loop, make_validator(data, loop.max_length), state_dir, meta,
                           tracker, dist)
+        config = {"run": run_record, "model": params["models"][spec.model], "train": t, "seed": params["seed"],
+                  "dataset": params_mod.dataset_spec(params, dataset)}
         if not trainer.resume():
-            tracker.log_params({"run": run_record, "model": params["models"][spec.model], "train": t,
-                                "seed": params["seed"], "dataset": params_mod.dataset_spec(params, dataset)})
+            tracker.log_params(config)
+            tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
         position = trainer.fit(data.split_ids("train"))
         tracker.log_metrics({f"best/val_{objective.select}": position.best_score}, step=position.step)
+        tracker.log_text(json.dumps({"run": run, "epochs": position.history}, indent=1), "history.json")
+        if log_file:
+            tracker.log_artifact(log_file)
     for reward_fn in rewards.values():
         close = getattr(reward_fn, "close", None)
         if close is not None:
@@ -183,9 +221,11 @@ def run_process(args: argparse.Namespace) -> None:
     dist = distributed.from_environment()
     if dist.world != params["train"]["gpus"]:
         log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
+    check_init_files(params, args.dataset, args.run, parse_inits(args.init))
     data = CaptionData.from_args(args, Loading.from_params(params))
     state_dir = Path(args.state_dir)
-    best, history = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist)
+    best, history = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist,
+                          log_file=args.log)
     if not dist.main:
         return
     with io.atomic_path(args.checkpoint) as tmp:
