@@ -104,6 +104,16 @@ def load_payload(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CaprlError(f"{p}: not a readable caprl checkpoint ({type(exc).__name__}: {exc})") from exc
 
 
+def mlflow_run_id(path: str | os.PathLike[str]) -> str:
+    """The MLflow run of the training job that wrote the checkpoint ("" for none), read without
+    loading its tensors (memory-mapped): evaluation and training jobs link their runs to it."""
+    try:
+        payload = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises several types for truncated/foreign files
+        raise CaprlError(f"{path}: not a readable caprl checkpoint ({type(exc).__name__}: {exc})") from exc
+    return str(payload.get("mlflow_run_id") or "")
+
+
 def save(path: str | os.PathLike[str], checkpoint: Checkpoint) -> None:
     save_payload(path, checkpoint.to_payload())
 

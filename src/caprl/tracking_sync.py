@@ -23,6 +23,7 @@ import yaml
 
 from caprl import checkpoint, params as params_mod
 from caprl.tracking import Tracker, tracking_uri
+from caprl.training.run import tracked_config, train_tags
 from caprl.workflow_plan import BASELINE_RUN, RETRIEVAL, SCORES, TrainJob, build_plan
 
 log = logging.getLogger(__name__)
@@ -46,15 +47,6 @@ def logged_jobs(experiment: str) -> dict[str, Any]:
     return {r.data.tags.get("caprl.job", r.info.run_name): r for r in runs}
 
 
-def train_config(params: dict[str, Any], job: TrainJob) -> dict[str, Any]:
-    """What ``caprl train`` logs as params (caprl.training.run), rebuilt from params.yaml."""
-    spec = job.spec
-    run = {"name": job.run, "dataset": job.dataset, "method": spec.method, "model": spec.model,
-           "options": dict(spec.options), "init": dict(spec.init)}
-    return {"run": run, "model": params["models"][spec.model], "train": params["train"], "seed": params["seed"],
-            "dataset": params_mod.dataset_spec(params, job.dataset)}
-
-
 def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> str | None:
     """Create the training run from history.json and the checkpoint; its run id (None: nothing to log)."""
     name = f"{job.dataset}/{job.run}/train"
@@ -63,13 +55,10 @@ def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> 
     if not Path(job.history).exists():
         return None
     epochs = json.loads(Path(job.history).read_text(encoding="utf-8"))["epochs"]
-    tags = {"stage": "train", "dataset": job.dataset, "run": job.run, "model": job.spec.model,
-            "method": job.spec.method, **FROM_FILES}
-    for role, source in job.spec.init.items():
-        tags[f"caprl.init.{role}"] = f"{job.dataset}/{source}/train"
-        if f"{job.dataset}/{source}/train" in known:
-            tags[f"caprl.init.{role}.run_id"] = known[f"{job.dataset}/{source}/train"].info.run_id
-    config = train_config(params, job)
+    init_run_ids = {role: known[f"{job.dataset}/{source}/train"].info.run_id for role, source in job.spec.init.items()
+                    if f"{job.dataset}/{source}/train" in known}
+    tags = {**train_tags(job.dataset, job.run, job.spec, init_run_ids), **FROM_FILES}
+    config = tracked_config(params, job.dataset, job.run)
     with Tracker(params["tracking"]["experiment"], name, tags=tags, stage="train") as tracker:
         tracker.log_params(config)
         tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
@@ -142,7 +131,7 @@ def sync(params: dict[str, Any], dry_run: bool = False) -> list[str]:
             if parent and f"{dataset}/{job.run}/train" not in known:
                 done.append(f"{dataset}/{job.run}/train")
             if not parent and Path(job.checkpoint).exists():
-                parent = checkpoint.load(job.checkpoint).mlflow_run_id or None
+                parent = checkpoint.mlflow_run_id(job.checkpoint) or None
             for kind, pattern in (("evaluate", SCORES), ("retrieval", RETRIEVAL)):
                 path = Path(job.result(pattern))
                 if path.exists() and sync_result(params, dataset, job.run, kind, path, parent, known):

@@ -290,7 +290,25 @@ def build_plan(params: dict[str, Any]) -> Plan:
                 plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval)
             else:
                 plan.skipped[(dataset, run)] = reason
+    _check_init_models(plan)
     return plan
+
+
+def _check_init_models(plan: Plan) -> None:
+    """``runs.<run>.init.model`` must name a run that trains a caption model: a listener or value
+    run's checkpoint holds an untrained one, or only the one it started from."""
+    for (ds, _), job in plan.jobs.items():
+        source = job.spec.init.get("model")
+        origin = plan.jobs.get((ds, source))
+        if origin is None or origin.captioner:
+            continue
+        before = origin.spec.init.get("model")
+        if before:
+            what, fix = "the one it started from", f"name run {before} (runs.{source}.init.model)"
+        else:
+            what, fix = "untrained", "name a run that trains one (e.g. an xe run)"
+        raise CaprlError(f"runs.{job.spec.source}.init.model: run {source} (method {origin.spec.method}) trains no "
+                         f"caption model, so its checkpoint's caption model is {what}; {fix}")
 
 
 def _check_generated(spec: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 # The plan of the workflow (caprl.workflow_plan, shared with `caprl dvc-yaml`): enabled
 # datasets, training jobs (dataset, run), evaluated runs, skipped runs, every path pattern.
 # params.yaml is the only source of parameters: every stage reads it (PARAMS) and checks it.
+import os
 import re
 
 from caprl import workflow_plan as wp
@@ -14,25 +15,6 @@ except CaprlError as exc:
 for reason in PLAN.missing_raw():
     raise WorkflowError(reason)
 
-
-def untrained_model_inits(plan):
-    """``runs.<run>.init.model`` naming a run that trains no caption model (a listener or value
-    run): its checkpoint's model is untrained, or only the one it started from."""
-    for (ds, run), job in plan.jobs.items():
-        source = job.spec.init.get("model")
-        origin = plan.jobs.get((ds, source))
-        if origin is not None and not origin.captioner:
-            before = origin.spec.init.get("model")
-            if before:
-                what, fix = "the one it started from", f"name run {before} (runs.{source}.init.model)"
-            else:
-                what, fix = "untrained", "name a run that trains one (e.g. an xe run)"
-            yield (f"runs.{job.spec.source}.init.model: run {source} (method {origin.spec.method}) trains no "
-                   f"caption model, so its checkpoint's caption model is {what}; {fix}")
-
-
-for reason in untrained_model_inits(PLAN):
-    raise WorkflowError(f"{PARAMS}: {reason}")
 for (ds, run), reason in PLAN.skipped.items():
     logger.warning(f"run {run} on dataset {ds} is skipped: {reason}")
 
@@ -142,3 +124,46 @@ def evaluate_settings(wildcards):
 
 def attention_checkpoint(wildcards):
     return PLAN.attention_job(wildcards.dataset).checkpoint
+
+
+# `snakemake --report report.html` groups what it shows by dataset (category) and by paper
+# (subcategory: shared SPEC's papers); captions are in workflow/report/.
+PAPERS = {
+    "main": "All methods (main table)",
+    "stackcap": "000 Stack-Captioning, coarse-to-fine (Gu et al., AAAI 2018)",
+    "pg_spider": "001 PG-SPIDEr (Liu et al., ICCV 2017)",
+    "sle": "002 Sequence-level exploration, SLL-SLE (Chen & Jin, CVPR 2020)",
+    "ac": "003 Actor-critic, embedding reward (Shi et al.; Ren et al., CVPR 2017)",
+    "psst": "004 PSST, partial-sampling straight-through",
+    "curves": "Learning curves (every training run)",
+}
+
+
+def outputs_folder(wildcards, output):
+    """The one folder holding a job's outputs: the --out-dir of its stage."""
+    folders = {os.path.dirname(path) for path in output}
+    if len(folders) != 1:
+        raise WorkflowError(f"outputs in several folders: {sorted(folders)}")
+    return folders.pop()
+
+
+def table_paper(wildcards):
+    """The report subcategory of a table: its paper, from the name (stackcap_table1: Stack-Cap)."""
+    prefix = next((p for p in PAPERS if wildcards.table == p or wildcards.table.startswith(f"{p}_")), None)
+    return PAPERS[prefix] if prefix else "Other tables"
+
+
+def curves_folder(wildcards, output):
+    """--out-dir of `caprl curves`: the folder of the runs' PNG and CSV files."""
+    return outputs_folder(wildcards, output.runs)
+
+
+def curve_outputs(dataset):
+    """Per trained run of ``dataset``: its PNG (in the report, labelled by the run) and its CSV."""
+    files = []
+    for job in PLAN.trained(dataset):
+        png = wp.CURVES_PNG.format(dataset=dataset, run=job.run)
+        files += [report(png, caption="../report/curves.rst", category=dataset, subcategory=PAPERS["curves"],
+                         labels={"result": job.run}),
+                  wp.CURVES_CSV.format(dataset=dataset, run=job.run)]
+    return files

@@ -1,27 +1,3 @@
-import os
-
-# `snakemake --report report.html` groups what it shows by dataset (category) and by paper
-# (subcategory: shared SPEC's papers); captions are in workflow/report/. tables.smk, included
-# after this file, uses PAPERS and outputs_folder too.
-PAPERS = {
-    "main": "All methods (main table)",
-    "stackcap": "000 Stack-Captioning, coarse-to-fine (Gu et al., AAAI 2018)",
-    "pg_spider": "001 PG-SPIDEr (Liu et al., ICCV 2017)",
-    "sle": "002 Sequence-level exploration, SLL-SLE (Chen & Jin, CVPR 2020)",
-    "ac": "003 Actor-critic, embedding reward (Shi et al.; Ren et al., CVPR 2017)",
-    "psst": "004 PSST, partial-sampling straight-through",
-    "curves": "Learning curves (every training run)",
-}
-
-
-def outputs_folder(wildcards, output):
-    """The one folder holding a job's outputs: the --out-dir of its stage."""
-    folders = {os.path.dirname(path) for path in output}
-    if len(folders) != 1:
-        raise WorkflowError(f"outputs in several folders: {sorted(folders)}")
-    return folders.pop()
-
-
 # Stack-Cap Fig. 3, per dataset: every stage's greedy caption with its per-word attention maps,
 # for the first figures.attention_images images of the evaluation split, drawn from the first
 # run of the dataset with method c2f and a model of arch stackcap (none: no figure).
@@ -95,22 +71,6 @@ if PSST_DATASETS:
 # and writes each run's train loss and validation CIDEr-D per epoch (PNG + CSV) and the
 # validation CIDEr-D of every run in one PNG. Its outputs depend on the dataset's runs, so
 # there is one rule per dataset, curves_<dataset> (Snakemake's procedural rule definition).
-def curves_folder(wildcards, output):
-    """--out-dir of `caprl curves`: the folder of the runs' PNG and CSV files."""
-    return outputs_folder(wildcards, output.runs)
-
-
-def curve_outputs(dataset):
-    """Per trained run of ``dataset``: its PNG (in the report, labelled by the run) and its CSV."""
-    files = []
-    for job in PLAN.trained(dataset):
-        png = wp.CURVES_PNG.format(dataset=dataset, run=job.run)
-        files += [report(png, caption="../report/curves.rst", category=dataset, subcategory=PAPERS["curves"],
-                         labels={"result": job.run}),
-                  wp.CURVES_CSV.format(dataset=dataset, run=job.run)]
-    return files
-
-
 for curves_dataset in [ds for ds in DATASETS if PLAN.curve_files(ds)]:
 
     rule:

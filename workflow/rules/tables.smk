@@ -1,12 +1,6 @@
 # Per dataset and table (datasets.<name>.tables, or tables:): one job reads the evaluated
 # runs' score files and writes results/tables/<dataset>_<table>.{md,csv,tex}. The report
 # shows the CSV (its caption renders it as a table), under the dataset and the table's paper.
-def table_paper(wildcards):
-    """The report subcategory of a table: its paper, from the name (stackcap_table1: Stack-Cap)."""
-    prefix = next((p for p in PAPERS if wildcards.table == p or wildcards.table.startswith(f"{p}_")), None)
-    return PAPERS[prefix] if prefix else "Other tables"
-
-
 rule tables:
     input:
         scores=table_scores,

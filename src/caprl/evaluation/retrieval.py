@@ -150,7 +150,7 @@ def main(args: argparse.Namespace) -> None:
     io.write_json(args.out, report)
     from caprl.tracking import Tracker
 
-    train_run_id = checkpoint.load(args.checkpoint).mlflow_run_id or None
+    train_run_id = checkpoint.mlflow_run_id(args.checkpoint) or None
     recall = {k: report[k] for k in ("R@1", "R@5", "R@10", "mean_rank", "median_rank")}
     with Tracker(params["tracking"]["experiment"], f"{args.dataset}/{args.run}/retrieval", stage="retrieval",
                  tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run},

@@ -31,6 +31,7 @@ from caprl.tracking import Tracker
 from caprl.training import distributed
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.training.distributed import Dist
+from caprl.workflow_plan import CHECKPOINT
 from caprl.training.loop import LoopConfig, RunMeta, Trainer, greedy_captions
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict
                              f"init.{role} (its init: {spec.init or 'none'}); drop this --init or add the role")
         raise CaprlError(f"--init {role}={path}: checkpoint not found; params runs.{spec.source}.init.{role} starts "
                          f"this run from run {source}: train {source} on dataset {dataset} first "
-                         f"(`snakemake runs/{dataset}/{source}/best.pt`), or pass its best checkpoint")
+                         f"(`snakemake {CHECKPOINT.format(dataset=dataset, run=source)}`), or pass its best checkpoint")
 
 
 def config_hash(*parts: Any) -> str:
@@ -113,15 +114,27 @@ def load_inits(modules: dict[str, torch.nn.Module], inits: dict[str, str], expec
         modules[role].load_state_dict(record.state)
 
 
-def init_tags(dataset: str, roles: dict[str, str], inits: dict[str, str]) -> dict[str, str]:
-    """``caprl.init.<role>``: the training job (and MLflow run id) each init module comes from."""
-    tags: dict[str, str] = {}
-    for role, source in roles.items():
+def run_record(spec: params_mod.RunSpec, dataset: str, run: str) -> dict[str, Any]:
+    """What a checkpoint and its MLflow run record of the run (name, method, model, options, init)."""
+    return {"name": run, "dataset": dataset, "method": spec.method, "model": spec.model,
+            "options": dict(spec.options), "init": dict(spec.init)}
+
+
+def tracked_config(params: dict[str, Any], dataset: str, run: str) -> dict[str, Any]:
+    """The params of a training job's MLflow run (flattened there) and its ``config.yaml``."""
+    spec = params_mod.run_spec(params, run)
+    return {"run": run_record(spec, dataset, run), "model": params["models"][spec.model], "train": params["train"],
+            "seed": params["seed"], "dataset": params_mod.dataset_spec(params, dataset)}
+
+
+def train_tags(dataset: str, run: str, spec: params_mod.RunSpec, init_run_ids: dict[str, str]) -> dict[str, str]:
+    """A training job's MLflow tags; ``caprl.init.<role>`` names the job each init module comes from
+    (and ``.run_id`` its MLflow run, where ``init_run_ids`` knows it)."""
+    tags = {"stage": "train", "dataset": dataset, "run": run, "model": spec.model, "method": spec.method}
+    for role, source in spec.init.items():
         tags[f"caprl.init.{role}"] = f"{dataset}/{source}/train"
-        if role in inits and Path(inits[role]).exists():
-            run_id = checkpoint.load(inits[role]).mlflow_run_id
-            if run_id:
-                tags[f"caprl.init.{role}.run_id"] = run_id
+        if init_run_ids.get(role):
+            tags[f"caprl.init.{role}.run_id"] = init_run_ids[role]
     return tags
 
 
@@ -167,11 +180,10 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                       grad_clip=t["grad_clip"], checkpoint_every=t["checkpoint_every"], log_every=t["log_every"],
                       max_length=params["decode"]["max_length"], seed=params["seed"], amp=t["amp"],
                       prefetch=params["loading"]["prefetch"])
-    run_record = {"name": run, "dataset": dataset, "method": spec.method, "model": spec.model,
-                  "options": dict(spec.options), "init": dict(spec.init)}
+    record = run_record(spec, dataset, run)
     reward_name = spec.options.get("reward")
-    meta = RunMeta(arch=arch, run=run_record, vocab_sha256=data.vocab.sha256,
-                   config_hash=config_hash(run_record, arch, model_params, t, params["seed"], params["decode"],
+    meta = RunMeta(arch=arch, run=record, vocab_sha256=data.vocab.sha256,
+                   config_hash=config_hash(record, arch, model_params, t, params["seed"], params["decode"],
                                            params["rewards"].get(reward_name) if reward_name else None,
                                            params.get("listener") if objective.modules_to_save() else None,
                                            fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])))
@@ -180,17 +192,16 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     run_id = None
     if previous.exists():
         try:
-            run_id = checkpoint.load(previous).mlflow_run_id or None
+            run_id = checkpoint.mlflow_run_id(previous) or None
         except CaprlError:
             run_id = None
-    tags = {"stage": "train", "dataset": dataset, "run": run, "model": spec.model, "method": spec.method,
-            **init_tags(dataset, spec.init, inits)}
+    init_run_ids = {role: checkpoint.mlflow_run_id(path) for role, path in inits.items() if Path(path).is_file()}
+    tags = train_tags(dataset, run, spec, init_run_ids)
     with Tracker(experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
                  stage="train") as tracker:
         trainer = Trainer(model, objective, data, loop, make_validator(data, loop.max_length), state_dir, meta,
                           tracker, dist)
-        config = {"run": run_record, "model": params["models"][spec.model], "train": t, "seed": params["seed"],
-                  "dataset": params_mod.dataset_spec(params, dataset)}
+        config = tracked_config(params, dataset, run)
         if not trainer.resume():
             tracker.log_params(config)
             tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
