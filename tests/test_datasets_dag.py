@@ -54,7 +54,8 @@ def test_every_path_carries_the_dataset_and_runs_follow_their_datasets(snakemake
     for ds in DATASETS:
         annotations = json.loads((snakemake_work / "data" / ds / "annotations.json").read_text())
         assert annotations["dataset"] == ds
-        assert (snakemake_work / "data" / ds / "features_patches.h5").exists()
+        backbone = yaml.safe_load((snakemake_work / "params.yaml").read_text())["datasets"][ds]["backbone"]
+        assert (snakemake_work / "data" / ds / f"features_{backbone}.h5").exists()
         assert sorted(p.name for p in (snakemake_work / "runs" / ds).iterdir()) == sorted(TRAINED[ds])
         for r in TRAINED[ds]:
             report = json.loads((snakemake_work / "results" / ds / r / "scores.json").read_text())

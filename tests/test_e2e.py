@@ -118,9 +118,12 @@ def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
     sizes = PARAMS["datasets"][VIDEO]["synthetic"]
     assert annotations["stats"]["split_images"] == {s: sizes[f"n_{s}"] for s in ("train", "val", "test")}
     assert annotations["stats"]["skipped_media"] == []
-    with h5py.File(snakemake_run / "data" / VIDEO / "features_patches.h5") as f:
+    backbone = PARAMS["datasets"][VIDEO]["backbone"]
+    segments = PARAMS["datasets"][VIDEO].get("video", {}).get("segments", PARAMS["features"]["video"]["segments"])
+    with h5py.File(snakemake_run / "data" / VIDEO / f"features_{backbone}.h5") as f:
         assert f.attrs["media"] == "video" and f.attrs["frames"] == PARAMS["features"]["video"]["frames"]
         assert f["regions"].shape[1] == PARAMS["features"]["video"]["frames"]  # frames as regions
+        assert f.attrs["segments"] == segments and f["pooled"].shape[1] == f["regions"].shape[2]
     tables = snakemake_run / "results" / "tables"
     assert not list(tables.glob(f"{VIDEO}_stackcap*"))  # the video set's own tables: params' datasets.<name>.tables
     for ds, table in (("synthetic", "sle_table2"), (VIDEO, "sle_table3")):

@@ -274,7 +274,7 @@ def test_cli_features_and_merge(tmp_path: Path) -> None:
         assert list(feats.image_ids) == sorted(ids)
         assert read(tmp_path / "feats" / "shard0.h5")["attrs"]["n_shards"] == 2
         pooled, regions = feats.get(ids)
-        assert pooled.shape == (9, 48) and regions.shape == (9, 16, 48)
+        assert pooled.shape == (9, 576) and regions.shape == (9, 9, 576)  # tinycnn, grid 3
 
     (tmp_path / "images" / "sub" / "im2.png").write_bytes(b"garbage")
     done = run_caprl(tmp_path, "features", *common, "--shard", "0", "--out", "feats/again.h5")

@@ -158,7 +158,7 @@ def test_probe_limits_and_settings(tmp_path: Path) -> None:
     assert probe(gif, GifLimits(max_frames=6)) == 6
     assert gif_limits({"frames": 8, "on_failure": "skip", "max_mib": 0.5}).max_bytes == 2**19
     assert gif_limits({"max_mib": 1, "max_frames": 3}).max_frames == 3
-    assert video_settings(None) == {"frames": 8, "on_failure": "skip", "max_mib": 64}
+    assert video_settings(None) == {"frames": 8, "on_failure": "skip", "max_mib": 64, "segments": 1}
     with pytest.raises(CaprlError, match="on_failure must be 'skip' or 'stop'"):
         video_settings({"on_failure": "ignore"})
 

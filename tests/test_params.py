@@ -130,7 +130,7 @@ def test_dataset_spec_resolves_the_generator_settings() -> None:
     params = default_params()
     params["datasets"]["synthetic"]["synthetic"] = {"n_train": 7}
     spec = params_mod.dataset_spec(params, "synthetic")
-    assert spec["name"] == "synthetic" and spec["backbone"] == "patches"
+    assert spec["name"] == "synthetic" and spec["backbone"] == "tinycnn"
     assert spec["synthetic"] == {**params["synthetic"], "n_train": 7}
     with pytest.raises(CaprlError, match=r"datasets\.nope: no such dataset"):
         params_mod.dataset_spec(params, "nope")

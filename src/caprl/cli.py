@@ -37,11 +37,13 @@ STAGES: dict[str, tuple[str, str]] = {
     "dvc-yaml": ("caprl.dvc_gen", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
     "download": ("caprl.data.download", "download a real dataset's files (COCO 2014, Karpathy's splits, TGIF GIFs)"),
     "bottomup": ("caprl.data.bottomup", "bottom-up-attention 36-box feature TSV(s) -> a features HDF5 file"),
+    "pretrain-tinycnn": ("caprl.features.tinycnn",
+                         "remake the synthetic sets' backbone weights: a tiny CNN trained on single rendered shapes"),
     "dvc-lock": ("caprl.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
     "mlflow-sync": ("caprl.tracking_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
 }
 # Stages that maintain the repository, not steps of the DAG.
-TOOLS = {"score", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup"}
+TOOLS = {"score", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup", "pretrain-tinycnn"}
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:

@@ -192,7 +192,7 @@ def _check_bottomup(name: str, spec: dict[str, Any], media: str) -> None:
                          "trainval_resnet101_faster_rcnn_genome_36.tsv])")
     if media != "image":
         raise CaprlError(f"datasets.{name}.backbone: {BOTTOMUP} features are of images, and format "
-                         f"{spec['format']} holds {media}s; choose patches, resnet101 or resnet152")
+                         f"{spec['format']} holds {media}s; choose tinycnn, patches, resnet101 or resnet152")
 
 
 def _unknown_run(params: dict[str, Any], source: str) -> str:
@@ -300,6 +300,16 @@ def dataset_spec(params: dict[str, Any], name: str) -> dict[str, Any]:
     spec["synthetic"] = {**params["synthetic"], **spec.get("synthetic", {})}
     spec["name"] = name
     return spec
+
+
+def dataset_features(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """The ``features:`` section as dataset ``name`` uses it: its ``backbone``, and ``video`` with the
+    dataset's own ``datasets.<name>.video`` overrides on top (e.g. the built-in video set's segments)."""
+    spec = dataset_spec(params, name)
+    features = dict(params["features"])
+    features["backbone"] = spec["backbone"]
+    features["video"] = {**features.get("video", {}), **spec.get("video", {})}
+    return features
 
 
 def dataset_vocab(params: dict[str, Any], name: str) -> dict[str, Any]:

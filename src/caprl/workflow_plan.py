@@ -70,6 +70,7 @@ TABLES_DIR = "results/tables"
 TABLE = "results/tables/{dataset}_{table}.{ext}"
 TABLE_FORMATS = ("md", "csv", "tex")
 BASELINE_RUN = "most-frequent"
+CPU_BACKBONES = ("patches", "tinycnn")  # the built-in cheap backbones: their feature jobs ask for no GPU
 # Stack-Cap Fig. 3 is drawn from the first (enabled, not skipped) run of this method and arch.
 ATTENTION_METHOD, ATTENTION_ARCH = "c2f", "stackcap"
 
@@ -144,7 +145,7 @@ class Dataset:
             reasons.append(f"datasets.{self.name}.bottomup_tsv: {', '.join(missing)} "
                            f"{'does' if len(missing) == 1 else 'do'} not exist. Put the bottom-up features there "
                            f"({BOTTOMUP_HELP}), or drop bottomup_tsv and set datasets.{self.name}.backbone to one "
-                           "caprl extracts from images (patches, resnet101, resnet152). See README.md, 'Real data'.")
+                           "caprl extracts from images (tinycnn, patches, resnet101, resnet152). See README.md, 'Real data'.")
         return "\n".join(reasons) or None
 
 

@@ -4,7 +4,7 @@
 import os
 import re
 
-from caprl import workflow_plan as wp
+from caprl import params as params_mod, workflow_plan as wp
 from caprl.errors import CaprlError
 
 PARAMS = "params.yaml"
@@ -27,7 +27,7 @@ TABLE_NAMES = sorted({table for ds in DATASETS for table in PLAN.tables(ds)})
 FIGURE_FILES = [path for ds in DATASETS for path in PLAN.attention_pngs(ds) + PLAN.psst_pngs(ds) + PLAN.curve_files(ds)]
 RUNS = PLAN.params["runs"]  # runs: with every sweep expanded into its points
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
-# job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches on CPU.
+# job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches and tinycnn on CPU.
 TRAIN_GPUS = config["train"]["gpus"]
 
 
@@ -60,7 +60,12 @@ def synthesize_settings(wildcards):
 
 def prepare_settings(wildcards):
     """Video datasets drop undecodable GIFs at prepare time, by features.video's policy."""
-    return config["features"]["video"] if dataset(wildcards).format == "tgif" else {}
+    return params_mod.dataset_features(config, wildcards.dataset)["video"] if dataset(wildcards).format == "tgif" else {}
+
+
+def features_settings(wildcards):
+    """What a dataset's feature extraction reads of params: features:, its backbone and video overrides."""
+    return params_mod.dataset_features(config, wildcards.dataset)
 
 
 def features_file(wildcards):
@@ -68,7 +73,7 @@ def features_file(wildcards):
 
 
 def features_gpus(wildcards):
-    return 0 if dataset(wildcards).backbone == "patches" else 1
+    return 0 if dataset(wildcards).backbone in wp.CPU_BACKBONES else 1
 
 
 def shard_files(wildcards):

@@ -9,7 +9,7 @@ rule features:
     wildcard_constraints:
         backbone=one_of(EXTRACTED_BACKBONES),
     params:
-        settings=config["features"],
+        settings=features_settings,
     log:
         "logs/{dataset}/features_{backbone}_{shard}.log",
     resources:

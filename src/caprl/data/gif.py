@@ -29,7 +29,7 @@ from caprl.errors import CaprlError
 FAILURES = ("single_frame", "corrupt", "too_large")
 POLICIES = ("skip", "stop")
 # params.yaml features.video (the schema requires every key; these are for callers without params)
-VIDEO_DEFAULTS: dict[str, Any] = {"frames": 8, "on_failure": "skip", "max_mib": 64}
+VIDEO_DEFAULTS: dict[str, Any] = {"frames": 8, "on_failure": "skip", "max_mib": 64, "segments": 1}
 
 
 class GifError(CaprlError):
@@ -63,6 +63,9 @@ def video_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if int(out["frames"]) < 1 or float(out["max_mib"]) <= 0:
         raise CaprlError(f"features.video: frames must be >= 1 and max_mib > 0, got {out['frames']} and "
                          f"{out['max_mib']}")
+    if not 1 <= int(out["segments"]) <= int(out["frames"]):
+        raise CaprlError(f"features.video.segments must be between 1 and frames ({out['frames']}), "
+                         f"got {out['segments']}")
     return out
 
 

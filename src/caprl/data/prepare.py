@@ -225,7 +225,8 @@ def main(args: argparse.Namespace) -> None:
     spec = params_mod.dataset_spec(params, args.dataset)
     raw, media_root = Path(args.raw or spec["raw"]), Path(args.media_root or spec["media_root"])
     reader = build_reader(spec["format"], args.dataset)
-    annotations = reader.read(raw, media_root, args.dataset, settings=params["features"].get("video"))
+    video = params_mod.dataset_features(params, args.dataset)["video"]
+    annotations = reader.read(raw, media_root, args.dataset, settings=video)
     stats = annotations["stats"]
     check_splits(annotations, needed_splits(params, args.dataset), raw, args.dataset, spec["format"])
     io.write_json(args.out, annotations, indent=None)

@@ -3,8 +3,9 @@
 Scenes of 1..max_objects coloured shapes (circle, square, triangle, cross; 6 colours; small
 or large) on a plain grey background, each object in one cell of a 3x3 layout grid, with 5
 reference sentences from :mod:`caprl.data.grammar`. Shapes are large relative to the image
-(a large object spans ~40% of its side) so that colour, size, position and, more weakly,
-shape survive the cheap ``patches`` backbone (a 4x4 grid of 4x4 average-pooled cells).
+(a large object spans ~40% of its side); the ``tinycnn`` backbone (a CNN pre-trained on
+single shapes, :mod:`caprl.features.tinycnn`) reads shape, colour, size and cell of every
+object into the pooled vector (``python benchmarks/synthetic_features.py`` measures it).
 
 Everything is a function of ``seed``, the dataset's name and its generator settings (the
 ``synthetic`` section with the dataset's own ``synthetic`` overrides): image ``i`` of split

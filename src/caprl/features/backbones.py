@@ -181,6 +181,63 @@ class PatchesBackbone(Backbone):
         return thumbnail, regions
 
 
+# ----------------------------------------------------------------------------- tinycnn
+
+
+@register("tinycnn")
+class TinyCNNBackbone(Backbone):
+    """The synthetic sets' backbone: a tiny CNN pre-trained on single shapes, frozen
+    (:mod:`caprl.features.tinycnn`), read on a ``grid`` x ``grid`` layout.
+
+    The 64-pixel image (smaller ones upsampled) gives a C-channel map (C = 64) of 16 x 16; each
+    layout cell is its channels' maximum over the cell (``adaptive_max_pool2d``), so a cell says
+    which shape, colour and size stands there. ``pooled`` is the layout itself, the cells'
+    channels one after the other (``grid**2 * C`` numbers, 576 with grid 3): what the captions say
+    (objects, attributes, positions) is in the one vector that Show-Tell and the listener read.
+    Region ``r`` (cell ``r``, row-major) is the same ``grid**2 * C`` vector with only cell ``r``'s
+    block filled: an attention model attends over the cells and knows where each one is, and the
+    sum of the regions is ``pooled``. The synthetic captions place objects on a 3 x 3 layout,
+    hence grid 3 (measured: ``python benchmarks/synthetic_features.py``).
+    """
+
+    def __init__(self, net: Any, grid: int = 3, weights: str = "builtin", record: dict[str, Any] | None = None) -> None:
+        self.net = net
+        self.grid = int(grid)
+        self.weights = weights
+        self.record = record or {}
+        self.channels = int(net.channels)
+        self.n_regions = self.grid * self.grid
+        self.dim = self.n_regions * self.channels
+
+    @classmethod
+    def from_params(cls, features: Mapping[str, Any]) -> "TinyCNNBackbone":
+        from caprl.features import tinycnn
+
+        settings = features["tinycnn"]
+        path = tinycnn.BUILTIN_WEIGHTS if settings["weights"] == "builtin" else settings["weights"]
+        net, record = tinycnn.load(path)
+        return cls(net, grid=settings["grid"], weights=str(settings["weights"]), record=record)
+
+    def config(self) -> dict[str, Any]:
+        return {"grid": self.grid, "weights": self.weights, "pretrain": self.record.get("config", {}),
+                "code_version": self.record.get("code_version", "")}
+
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        from caprl.features.tinycnn import to_input
+
+        return to_input(image)
+
+    @torch.no_grad()
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cells = F.adaptive_max_pool2d(self.net.feature_map(batch.float()), self.grid)  # [B, C, g, g]
+        b, c, r = cells.shape[0], self.channels, self.n_regions
+        cells = cells.flatten(2).transpose(1, 2)  # [B, R, C], row-major cells
+        pooled = cells.reshape(b, r * c)
+        regions = torch.zeros(b, r, r, c)
+        regions[:, torch.arange(r), torch.arange(r)] = cells  # region r: only block r filled
+        return pooled.contiguous(), regions.reshape(b, r, r * c)
+
+
 # ----------------------------------------------------------------------------- ResNet
 
 RESNET_MODEL_IDS = {"resnet101": "microsoft/resnet-101", "resnet152": "microsoft/resnet-152"}

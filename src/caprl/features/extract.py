@@ -123,13 +123,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> None:
     from caprl.data.readers import media_of
-    from caprl.params import dataset_spec, load
+    from caprl.params import dataset_features, dataset_spec, load
     from caprl.seeding import seed_everything
 
     params = load(args.params)
     spec = dataset_spec(params, args.dataset)
-    # the backbone is the dataset's; its settings (features.patches / features.resnet) are global
-    features = {**params["features"], "backbone": spec["backbone"]}
+    # the backbone is the dataset's; its settings (features.<backbone>) are global, video's per dataset
+    features = dataset_features(params, args.dataset)
     n_shards = shard_count(args.shard, features["shards"])
     if features["num_threads"] > 0:
         torch.set_num_threads(features["num_threads"])
@@ -147,7 +147,8 @@ def main(args: argparse.Namespace) -> None:
 
         video = video_settings(features.get("video"))
         extract_video_features(images, args.image_root, backbone, args.out, features["batch_size"],
-                               int(video["frames"]), gif_limits(video), attrs=attrs, source=str(args.annotations))
+                               int(video["frames"]), gif_limits(video), attrs=attrs, source=str(args.annotations),
+                               segments=int(video["segments"]))
         return
     extract_features(images, args.image_root, backbone, args.out, features["batch_size"], attrs=attrs,
                      source=str(args.annotations))

@@ -4,16 +4,23 @@ features pooled over time.
 Each GIF gives ``frames`` RGB frames sampled uniformly (:func:`caprl.data.gif.sample_frames`,
 params.yaml ``features.video.frames``); every frame goes through the dataset's image
 backbone exactly as an image does (``Backbone.preprocess`` + ``__call__``), and of its
-output only the frame's ``pooled`` vector is kept (the spatial mean of the conv map for
-ResNet; the whole-frame thumbnail for ``patches``). Per GIF::
+output only the frame's ``pooled`` vector ``f_t`` (``D`` numbers) is kept (the spatial mean of
+the conv map for ResNet; the layout of cells for ``tinycnn``). With ``segments`` = S
+(params.yaml ``features.video.segments``, a dataset may override it under its own ``video:``)
+the frames fall into S equal runs of consecutive frames (frame t in segment ``t * S // frames``)
+and, per GIF::
 
-    regions[t] = pooled(frame t)                 [frames, D]  one region per frame (attention over time)
-    pooled     = mean over t of regions[t]       [D]          spatio-temporal mean pooling
+    pooled     = [mean of f_t over segment 0, ..., mean over segment S-1]   [S * D]
+    regions[t] = f_t in block seg(t) of S * D numbers, zeros elsewhere     [frames, S * D]
 
-so with ResNet-152 ``pooled`` is the 2048-d vector of paper 002, sec. 5.1. The HDF5 layout is
-the image one (:func:`caprl.features.store.open_writer`) with ``n_regions = frames``,
-``grid = 0`` (the regions are not a spatial grid) and the attrs ``media = "video"`` and
-``frames``; sharding and merging are unchanged.
+S = 1 is spatio-temporal mean pooling (``pooled`` = the mean over frames; with ResNet-152 the
+2048-d vector of paper 002, sec. 5.1) with one region per frame (attention over time). S = 2
+(the built-in video set) keeps the order of events, which a mean over all frames loses: a
+shape moving left and one moving right have the same mean, and captions name the direction;
+the regions stay summable to the segment sums, and each says when it was seen. The HDF5 layout
+is the image one (:func:`caprl.features.store.open_writer`) with ``n_regions = frames``,
+``grid = 0`` (the regions are not a spatial grid), ``dim = S * D`` and the attrs ``media =
+"video"``, ``frames`` and ``segments``; sharding and merging are unchanged.
 
 ``batch_size`` (params.yaml ``features.batch_size``) counts **frames** per backbone call,
 as it counts images for images, so the memory of one call is the same: a batch holds
@@ -43,20 +50,29 @@ from caprl.features.store import open_writer
 log = logging.getLogger(__name__)
 
 
-def video_attrs(backbone: Backbone, frames: int) -> dict[str, Any]:
-    """The HDF5 attrs of video features: the backbone's, with one region per frame."""
-    return {**backbone.attrs(), "grid": 0, "n_regions": int(frames), "media": "video", "frames": int(frames)}
+def video_attrs(backbone: Backbone, frames: int, segments: int = 1) -> dict[str, Any]:
+    """The HDF5 attrs of video features: the backbone's, with one region per frame of ``segments`` blocks."""
+    return {**backbone.attrs(), "grid": 0, "dim": int(segments) * backbone.dim, "n_regions": int(frames),
+            "media": "video", "frames": int(frames), "segments": int(segments)}
 
 
-def pool_frames(backbone: Backbone, batch: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pool_frames(backbone: Backbone, batch: torch.Tensor, frames: int,
+                segments: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch`` = ``[G * frames, 3, S, S]`` preprocessed frames, GIF by GIF ->
-    ``(pooled [G, D], regions [G, frames, D])``: each frame's pooled vector is a region,
-    their mean over time the GIF's pooled vector."""
+    ``(pooled [G, segments * D], regions [G, frames, segments * D])`` (module docstring)."""
     if batch.shape[0] % frames:
         raise ValueError(f"{batch.shape[0]} frames is not a whole number of GIFs of {frames} frames")
+    if not 1 <= segments <= frames:
+        raise CaprlError(f"features.video.segments must be between 1 and frames ({frames}), got {segments}")
     per_frame, _ = backbone(batch)  # [G * frames, D]
-    regions = per_frame.reshape(batch.shape[0] // frames, frames, per_frame.shape[-1])
-    return regions.mean(dim=1), regions.contiguous()
+    videos, dim = batch.shape[0] // frames, per_frame.shape[-1]
+    frame_rows = per_frame.reshape(videos, frames, dim)
+    segment = torch.arange(frames) * segments // frames  # [frames]: each frame's segment
+    regions = frame_rows.new_zeros(videos, frames, segments, dim)
+    regions[:, torch.arange(frames), segment] = frame_rows
+    counts = torch.bincount(segment, minlength=segments).to(frame_rows.dtype)  # frames per segment
+    pooled = regions.sum(dim=1) / counts.view(1, -1, 1)  # [G, segments, D]: each segment's mean
+    return pooled.reshape(videos, segments * dim), regions.reshape(videos, frames, segments * dim)
 
 
 def load_frames(path: Path, video_id: int, frames: int, backbone: Backbone, limits: GifLimits,
@@ -85,6 +101,7 @@ def extract_video_features(
     limits: GifLimits = GifLimits(),
     attrs: Mapping[str, Any] | None = None,
     source: str = "the annotations",
+    segments: int = 1,
 ) -> int:
     """Per-frame features of ``videos`` (annotation records with ``id`` and ``file``, a GIF
     relative to ``media_root``), in the given order, written to ``out`` atomically (nothing is
@@ -95,17 +112,17 @@ def extract_video_features(
     root = Path(media_root)
     require_media(videos, root, source, noun="GIF", id_name="video")
     per_batch = max(1, batch_size // frames)
-    all_attrs = {**video_attrs(backbone, frames), **(attrs or {})}
+    all_attrs = {**video_attrs(backbone, frames, segments), **(attrs or {})}
     n_batches = (len(videos) + per_batch - 1) // per_batch
     t0 = time.perf_counter()
-    with open_writer(out, len(videos), backbone.dim, frames, all_attrs) as writer:
+    with open_writer(out, len(videos), segments * backbone.dim, frames, all_attrs) as writer:
         for b in tqdm(range(n_batches), desc=f"video features {backbone.name}", unit="batch", mininterval=5.0,
                       disable=None):
             chunk = videos[b * per_batch:(b + 1) * per_batch]
             batch = torch.stack([x for v in chunk
                                  for x in load_frames(root / v["file"], int(v["id"]), frames, backbone, limits,
                                                       source)])
-            pooled, regions = pool_frames(backbone, batch, frames)
+            pooled, regions = pool_frames(backbone, batch, frames, segments)
             writer.write([int(v["id"]) for v in chunk], pooled.numpy(), regions.numpy())
     log.info("%d GIFs -> %s (%s, %d frames x %d, %d GIFs per batch) in %.1fs", len(videos), out, backbone.name,
              frames, backbone.dim, per_batch, time.perf_counter() - t0)
