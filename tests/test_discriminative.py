@@ -18,81 +18,10 @@ from caprl import checkpoint, decoding
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
-from caprl.retrieval import Listener, ListenerConfig, caption_lengths, ranks_of, recall_report, vse_hinge
+from caprl.retrieval import Listener, caption_lengths, ranks_of, recall_report, vse_hinge
+from listener_toy import (BASE, CONFIG, FEAT, JOINT, OPTIONS, PSST, ST, TRAINED, ToyData, grad_sum, is_one_hot,
+                          make, make_env, record_decodes, record_listener_inputs, same, snapshot)
 from toy import WORDS, count_red, decode
-
-FEAT = 5
-CONFIG = ListenerConfig(word_size=8, hidden_size=12, margin=0.2)
-# the 4 kinds of toy image and their caption: "a red circle", "a red square", "a blue circle", "a blue square"
-CAPTIONS = [[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0]]
-
-BASE = {"lr": 1e-2, "epochs": 1}
-JOINT = {**BASE, "lam": 0.5, "n_samples": 2, "reward": "count_red"}
-TRAINED = {**JOINT, "listener_lr": 1e-2}
-ST = {**TRAINED, "tau": 1.0}
-PSST = {**ST, "rho": 0.5}
-OPTIONS: dict[str, dict[str, Any]] = {
-    "listener": {**BASE, "warmup_epochs": 1}, "luo2018": JOINT, "reinforce_joint": TRAINED, "st_gumbel": ST, "st_multinomial": ST,
-    "psst_gumbel": PSST, "psst_multinomial": PSST, "frozen_speaker": {**BASE, "n_samples": 2}}
-
-
-class ToyData:
-    """Image i is of kind i % 4 (its pooled feature: that kind's one-hot plus noise) and has
-    two gold captions, both its kind's caption. Train ids 0..15, val ids 100..107."""
-
-    def split_ids(self, split: str) -> list[int]:
-        return list(range(16)) if split == "train" else list(range(100, 108))
-
-    def features_of(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled, regions = [], []
-        for i in ids:
-            gen = torch.Generator().manual_seed(i)
-            pooled.append(F.one_hot(torch.tensor(i % 4), FEAT).float() + 0.1 * torch.randn(FEAT, generator=gen))
-            regions.append(torch.randn(3, FEAT, generator=gen))
-        return torch.stack(pooled), torch.stack(regions)
-
-    def batch(self, ids: list[int]) -> Batch:
-        pooled, regions = self.features_of(ids)
-        labels = torch.tensor([CAPTIONS[i % 4] for i in ids for _ in range(2)])
-        return Batch(list(ids), pooled, regions, labels, torch.arange(len(ids)).repeat_interleave(2))
-
-    def decode(self, tokens: torch.Tensor) -> list[list[str]]:
-        return decode(tokens)
-
-
-def make_env(**extras: Any) -> ObjectiveEnv:
-    extras = {"listener": CONFIG, "feat_dim": FEAT, "seed": 0, **extras}
-    return ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6, extras=extras)
-
-
-def make(method: str, options: dict[str, Any] | None = None, seed: int = 0) -> tuple[Any, Objective, Batch]:
-    torch.manual_seed(seed)
-    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), FEAT, 3)
-    objective = build_objective(method, {**OPTIONS[method], **(options or {})}, make_env(), model)
-    batch = ToyData().batch([0, 1, 2, 3])
-    batch.noise = decoding.Noise(seed=0, step=0, total=4)
-    return model, objective, batch
-
-
-def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-
-def same(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> bool:
-    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
-
-
-def record_listener_inputs(objective: Objective) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Wrap the objective's listener so every ``similarity`` call records its caption input."""
-    calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-    real = objective.listener.similarity
-
-    def similarity(captions: torch.Tensor, pooled: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        calls.append((captions, lengths))
-        return real(captions, pooled, lengths)
-
-    objective.listener.similarity = similarity  # type: ignore[method-assign]
-    return calls
 
 
 # --- the listener, eq. 4, recall --------------------------------------------------------------
@@ -146,25 +75,6 @@ def test_recall_at_k_and_mean_rank_on_a_hand_made_ranking() -> None:
 
 
 # --- what the straight-through methods pass to the listener -----------------------------------
-def record_decodes(objective: Objective) -> list[tuple[decoding.Samples, decoding.Samples]]:
-    """Wrap a straight-through objective's decode so every call records (greedy, samples)."""
-    drawn: list[tuple[decoding.Samples, decoding.Samples]] = []
-    real = objective.decode
-
-    def decode_and_record(model: Any, batch: Batch) -> tuple[decoding.Samples, decoding.Samples]:
-        drawn.append(real(model, batch))
-        return drawn[-1]
-
-    objective.decode = decode_and_record  # type: ignore[method-assign]
-    return drawn
-
-
-def is_one_hot(rows: torch.Tensor) -> bool:
-    """Every row of ``rows [..., V]`` is a one-hot vector (up to float rounding of ST's h - p + p)."""
-    hard = F.one_hot(rows.detach().argmax(-1), rows.shape[-1]).to(rows.dtype)
-    return bool(torch.allclose(rows.detach(), hard, atol=1e-6, rtol=0))
-
-
 @pytest.mark.parametrize("method", ["st_multinomial", "st_gumbel"])
 def test_straight_through_passes_one_hot_forward_and_the_soft_gradient_backward(method: str) -> None:
     model, objective, batch = make(method, {"lam": 1.0})  # l_disc alone: (1 - lam) l_nat = 0
@@ -243,21 +153,19 @@ def test_frozen_speaker_trains_the_listener_only() -> None:
     assert not same(objective.listener, listener_before)
 
 
-def grad_sum(module: torch.nn.Module) -> float:
-    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
-
-
-def test_reinforce_joint_alternates_speaker_and_listener_steps() -> None:
+def test_reinforce_joint_each_turn_trains_only_its_network() -> None:
     model, objective, batch = make("reinforce_joint")
-    for step, trained, frozen in [(0, model, objective.listener), (1, objective.listener, model),
-                                  (2, model, objective.listener)]:
+    assert objective.turns == ("speaker", "listener")
+    for turn, trained, frozen in [("speaker", model, objective.listener), ("listener", objective.listener, model)]:
         model.zero_grad(set_to_none=True)
         objective.zero_grad(set_to_none=True)
-        batch.noise = decoding.Noise(seed=0, step=step, total=4)
-        loss, _ = objective.loss(model, batch)
+        loss, _ = objective.turn_loss(model, batch, turn)
         loss.backward()
-        assert all(p.grad is None for p in frozen.parameters()), f"step {step}"
-        assert grad_sum(trained) > 0, f"step {step}"
+        assert all(p.grad is None for p in frozen.parameters()), turn
+        assert grad_sum(trained) > 0, turn
+    assert model.training and objective.listener.training  # the frozen network's mode is restored
+    with pytest.raises(CaprlError, match="unknown turn"):
+        objective.turn_loss(model, batch, "critic")
 
 
 def mixed_reinforce(model: Any, batch: Batch, advantage_of: Any) -> torch.Tensor:
@@ -270,12 +178,12 @@ def mixed_reinforce(model: Any, batch: Batch, advantage_of: Any) -> torch.Tensor
     samples = decoding.sample(model.train(), ctx, 6, n=2, noise=noise)
     advantage = advantage_of(greedy, samples)
     logprobs, mask = samples.logprobs[:, 0], samples.mask[:, 0]
-    return -(advantage[:, None] * logprobs * mask).sum() / mask.sum()
+    return -(advantage * (logprobs * mask).sum(1)).mean()  # per caption: sum over its tokens, mean over captions
 
 
 def test_reinforce_joint_speaker_loss_is_baselined_by_the_gold_caption() -> None:
     model, objective, batch = make("reinforce_joint")
-    loss, _ = objective.loss(model, batch)  # step 0: the speaker's
+    loss, _ = objective.turn_loss(model, batch, "speaker")
     listener, lam = objective.listener, 0.5
     gold = batch.labels[::2]  # each image's first gold caption
 
@@ -329,6 +237,8 @@ def test_every_method_gives_a_finite_loss_that_backpropagates(method: str, step:
     ("frozen_speaker", BASE, "n_samples"),        # missing
     ("listener", {**BASE, "warmup_epochs": 1, "lam": 0.1}, "lam"),    # unknown
     ("psst_gumbel", {**PSST, "rho": "half"}, "rho"),  # mistyped
+    ("psst_multinomial", {**PSST, "variant": "both"}, "variant 'both'"),  # not a PSST variant
+    ("psst_gumbel", {k: v for k, v in PSST.items() if k != "variant"}, "variant"),  # missing
 ])
 def test_a_wrong_or_missing_option_names_the_key(method: str, options: dict[str, Any], key: str) -> None:
     model = build_model("fc", {"embed_size": 8, "hidden_size": 16}, len(WORDS), FEAT, 3)

@@ -8,6 +8,9 @@
   ``k`` times, all in one batch (Monte-Carlo roll-outs, PG-SPIDEr).
 * :class:`Samples` carries each step's tokens, log-probabilities, mask, entropy, and on
   request the hidden state the output layer read and the relaxed (soft) one-hot rows.
+* With an estimator, what each row reads at the next step is a feed mode (:data:`FEEDS`):
+  its sampled word, its relaxed distribution (PSST as the paper writes it) or the row it
+  passes on (PSST as the authors' code runs it).
 * Decoders used for evaluation are chosen by name (:data:`DECODERS`); :func:`decode_split`
   is the one "decode a split in batches" loop (validation, evaluation, figures).
 
@@ -26,8 +29,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from caprl.data.prefetch import Prefetcher
+from caprl.errors import CaprlError
 from caprl.models.base import Batch, CaptionModel, map_batch
 from caprl.registry import Registry
+from caprl.relaxation import (ESTIMATORS, FEEDS, Estimator, RelaxedStep, partial_mask, partial_token_mask,  # noqa: F401
+                              relaxed_at)
 
 
 @dataclass
@@ -62,7 +68,7 @@ class DecodeState:
 
     ctx: Batch
     state: tuple[torch.Tensor, ...]
-    prev: torch.Tensor  # [N, S]
+    prev: torch.Tensor  # [N, S] token ids, or [N, S, V] rows (a relaxed feed: see FEEDS)
     finished: torch.Tensor  # [N, S] bool
     t: int = 0
 
@@ -88,56 +94,6 @@ class Noise:
         start = self.offset * per_image
         u = torch.rand(self.total * per_image, *shape, generator=gen, device=device)[start : start + rows]
         return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
-
-
-# --- relaxed samples (straight-through estimators), by name ------------------------------
-# An estimator turns a step's log-probabilities into (the sampled word, its straight-through
-# row: one-hot forward, the distribution's gradient backward, the relaxed distribution itself).
-Estimator = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-ESTIMATORS: Registry[Callable[..., Estimator]] = Registry("relaxed-sample estimator")
-
-
-def _one_hot_st(word: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Straight-through one-hot: the forward value is one-hot, the gradient that of ``probs``."""
-    hard = F.one_hot(word, probs.shape[-1]).to(probs.dtype)
-    return hard - probs.detach() + probs
-
-
-@ESTIMATORS.register("st_gumbel")
-def st_gumbel(tau: float = 1.0) -> Estimator:
-    """Straight-through Gumbel-softmax (Jang et al.): the word is the argmax of a Gumbel-softmax
-    sample (torch's ``gumbel_softmax``), the relaxed row that sample itself."""
-
-    def estimate(logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        soft = F.gumbel_softmax(logprobs, tau=tau, hard=False, dim=-1)
-        word = soft.argmax(dim=-1)
-        return word, _one_hot_st(word, soft), soft
-
-    return estimate
-
-
-@ESTIMATORS.register("st_multinomial")
-def st_multinomial(tau: float = 1.0) -> Estimator:
-    """Straight-through multinomial: the word is sampled from softmax(logits / tau), the
-    relaxed row is that whole distribution."""
-
-    def estimate(logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(logprobs / tau, dim=-1)
-        flat = probs.detach().reshape(-1, probs.shape[-1])
-        word = torch.multinomial(flat, 1).view(probs.shape[:-1])
-        return word, _one_hot_st(word, probs), probs
-
-    return estimate
-
-
-def partial_mask(rows: int, rho: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """PSST (paper 004, sec. 5): ``[rows]`` True for the captions that pass their whole relaxed
-    distribution (exactly ``round(rho * rows)`` of them, chosen by ``generator``); the rest
-    pass straight-through one-hot rows. rho = 0 is plain straight-through."""
-    count = int(round(rho * rows))
-    pick = torch.zeros(rows, dtype=torch.bool)
-    pick[torch.randperm(rows, generator=generator)[:count]] = True
-    return pick.to(device)
 
 
 def expand(ctx: Batch, n: int) -> Batch:
@@ -173,30 +129,44 @@ def rollout(
     per_image: int = 1,
     estimator: Estimator | None = None,
     relaxed: torch.Tensor | None = None,
+    feed: str = "word",
     keep_entropy: bool = False,
     keep_hidden: bool = False,
     keep_states: bool = False,
 ) -> Samples:
     """Continue the decodes of ``at`` for up to ``steps`` words (``at`` is not modified).
 
-    Choice of each word: argmax (``greedy``), an ``estimator`` (its rows in ``Samples.soft``:
-    straight-through one-hot, or the relaxed distribution for the rows where ``relaxed
-    [N]`` is True; every row reads its sampled word at the next step), Gumbel-max with ``noise`` (``per_image`` rows per image of the
-    global batch), or the global torch RNG. Rows that already ended emit 0 at no cost.
+    Choice of each word: argmax (``greedy``), an ``estimator``, Gumbel-max with ``noise``
+    (``per_image`` rows per image of the global batch), or the global torch RNG. Rows that
+    already ended emit 0 at no cost (and read 0 at the next step).
+
+    With an ``estimator``, ``Samples.soft`` holds the row each caption passes on at each step:
+    the straight-through one-hot, or the relaxed distribution where ``relaxed`` is True
+    (``[N]``: per caption; ``[N, >= steps]``: per token, column i for this rollout's step i;
+    a bool mask on the model's device). ``feed`` (a name in :data:`FEEDS`) says what each row
+    reads at the next step: ``word`` (its sampled word), ``relaxed`` (relaxed rows their
+    relaxed distribution, the others their word) or ``straight_through`` (every row the row
+    it passes on). Nothing in the loop reads the device back (on CUDA).
     """
+    if feed != "word" and estimator is None:
+        raise CaprlError(f"rollout: feed {feed!r} needs an estimator")
+    feed_fn = FEEDS.get(feed, where="rollout.feed")
     state, prev, finished = at.state, at.prev, at.finished
     rows = prev.shape[0]
+    relaxed_of = relaxed_at(relaxed, rows, steps) if estimator is not None else (lambda i: None)
     stop_early = prev.device.type == "cpu"  # on CUDA, .all() would wait for the device
     tokens, logprobs, masks, entropies, attentions, hiddens, softs, after = [], [], [], [], [], [], [], []
     for i in range(steps):
         out = model.step(prev, at.ctx, state)
         state = out.state
         scaled = out.logprobs if temperature == 1.0 else torch.log_softmax(out.logprobs / temperature, dim=-1)
+        fed: torch.Tensor | None = None
         if greedy:
             word = scaled.argmax(dim=-1)
         elif estimator is not None:
-            word, straight, soft = estimator(scaled)
-            softs.append(straight if relaxed is None else torch.where(relaxed.view(-1, 1, 1), soft, straight))
+            relaxed_step = RelaxedStep(*estimator(scaled), relaxed=relaxed_of(i))
+            softs.append(relaxed_step.passed())
+            word, fed = feed_fn(relaxed_step)
         elif noise is not None:
             gumbel = noise.gumbel(at.t + i, rows, per_image, tuple(scaled.shape[1:]), scaled.device)
             word = (scaled.detach() + gumbel).argmax(dim=-1)
@@ -214,9 +184,11 @@ def rollout(
         if keep_hidden:
             hiddens.append(out.hidden)
         finished = finished | (word == 0)
-        prev = word
+        if fed is not None:  # an ended row reads 0, as with ids
+            fed = torch.where(finished.unsqueeze(-1), F.one_hot(word, fed.shape[-1]).to(fed.dtype), fed)
+        prev = word if fed is None else fed
         if keep_states:
-            after.append(DecodeState(at.ctx, state, word, finished, at.t + i + 1))
+            after.append(DecodeState(at.ctx, state, prev, finished, at.t + i + 1))
         if stop_early and bool(finished.all()):
             break
     if noise is not None and not greedy and estimator is None:

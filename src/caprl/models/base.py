@@ -7,7 +7,10 @@ teacher forcing, sampling, greedy decoding and beam search for every architectur
 * ``encode(pooled, regions) -> ctx``: per-image tensors (batch first), computed once.
 * ``init_state(ctx) -> state``: a tuple of batch-first tensors.
 * ``core(words, ctx, state) -> StepCore``: the recurrent part of a step. ``words`` is
-  ``[B, S]`` (one previous word per stage, 0 = start/end); ``out [B, S, F]`` is what the
+  ``[B, S]`` (one previous word per stage, 0 = start/end) or rows over the vocabulary
+  ``[B, S, V]`` (float: one-hot, straight-through or relaxed; every architecture embeds its
+  words with :func:`caprl.models.timeshared.embedding`, ``rows @ W`` for rows, so a relaxed
+  word is read as in the authors' PSST code); ``out [B, S, F]`` is what the
   output layer reads; ``attention`` is ``[B, S, R]`` (zeros for stages without attention)
   or None for models with no attention at all; ``hidden`` is ``[B, S, H]``, the hidden
   state (baselines and value networks are built on it).

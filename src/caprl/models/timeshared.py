@@ -247,7 +247,20 @@ def linear(module: nn.Module, x: torch.Tensor, weight: str = "weight", bias: str
 
 
 def embedding(module: nn.Embedding, words: torch.Tensor) -> torch.Tensor:
-    """``module(words)``, its weight gradient taped (no padding index, no max_norm)."""
+    """The embedding of ``words``: token ids ``[...]`` -> ``module(words)``, its weight gradient
+    taped (no padding index, no max_norm); or rows over the vocabulary ``[..., V]`` (float:
+    one-hot, straight-through one-hot or a relaxed distribution) -> ``rows @ weight``,
+    differentiable w.r.t. both (the relaxed speaker input of paper 004's PSST; the authors'
+    models/AttModel.py:395-399 feed ``soft_vec @ embed.weight``).
+
+    Rows go through plain autograd, never through the tape: a loss that mixes both (the start
+    token's ids, then rows) gets the tape's gradient from its id uses and autograd's from the
+    row products, summed by autograd, and :func:`check`/:func:`reset` see only the taped uses.
+    """
+    if words.is_floating_point():
+        if words.shape[-1] != module.weight.shape[0]:
+            raise CaprlError(f"embedding: rows of {words.shape[-1]} entries, vocabulary of {module.weight.shape[0]}")
+        return torch.matmul(words.to(module.weight.dtype), module.weight)
     if not taped(module.weight) or module.padding_idx is not None or module.max_norm is not None:
         return module(words)
     return _Embedding.apply(words, module.weight, tape(module, "weight"))

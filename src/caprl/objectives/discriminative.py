@@ -10,28 +10,36 @@ caption against the batch's images, ``sim [B*n, B]``, the captions of the same i
 being each other's negatives) and l_nat = -CIDEr-D (option ``reward``). l_nat is always
 optimised by REINFORCE with the greedy caption's reward as baseline (self-critical, as Luo
 et al.'s code does; the paper only says "REINFORCE"), over ``n_samples`` samples per image;
-multi-stage models are trained on their last stage (as :mod:`caprl.objectives.scst`). The
-methods differ in how l_disc reaches the speaker and whether the listener learns:
+multi-stage models are trained on their last stage (as :mod:`caprl.objectives.scst`).
+
+**One meaning of lam.** Both terms are per caption, averaged over the captions of the global
+batch (DDP-correct: :meth:`ListenerObjective.caption_mean`): l_disc is the mean of eq. 4, and
+every REINFORCE surrogate is ``-mean_i (r_i - b_i) * sum_t log p(w_it)`` (:meth:`reinforce`),
+the unbiased gradient of the mean per-caption reward. So lam trades the same two quantities
+in every method. The authors' code (vgilad/CooperativeImageCaptioning@1f04bbd) does not:
+for ST/PSST it SUMS eq. 4 over the batch of N = 128 captions (models/VSEFCModel.py:197-200,
+models/AlternatingJointModel.py:374) while l_nat is a per-TOKEN mean (``traditional_cider``,
+models/AlternatingJointModel.py:426), weighted ``lam_a`` and ``1 - lam_a`` (bash_scripts/run_joint.sh:92);
+that is our objective at ``lam / (1 - lam) = lam_a * N * Lbar / (1 - lam_a)`` (Lbar: tokens per
+caption, ~10 on COCO), e.g. the paper's lam_a 0.01 .. 0.0005 (sec. 6.2, "small because the two
+components ... have different scales") ~ our lam 0.93 .. 0.39. For Luo / REINFORCE their two
+terms are both per-token means (models/AlternatingJointModel.py:324, 426), so lam = lam_a there. The demo's lam
+grid (params.yaml ``sweeps.lam``) is chosen on validation, not taken from the paper.
+
+The methods differ in how l_disc reaches the speaker and whether the listener learns:
 
 * ``luo2018`` (sec. 6.4 item 3): the pre-trained listener is frozen (no optimiser group, eval
   mode). REINFORCE only, on the per-sample reward (1 - lam) CIDEr-D - lam l_disc_i, baselined
   by the same mixture for the greedy caption (its l_disc against the batch of greedy captions).
-* ``reinforce_joint`` (item 4, appendix A.2): speaker and listener take turns: even trainer
-  steps train the speaker only, odd steps the listener only (lam times the mean l_disc of
-  the speaker's samples, drawn without gradient in eval mode: our choice, as at test time).
+* ``reinforce_joint`` (item 4, appendix A.2): speaker and listener take turns on every batch
+  (:attr:`ReinforceJoint.turns`): the speaker's turn trains the speaker (listener frozen), then
+  the listener's turn trains the listener on the updated speaker's samples (speaker frozen).
   The speaker's l_disc term is REINFORCE with reward -l_disc_i(sample) and, as baseline, the
   listener's score of the image's ground-truth caption -l_disc_i(gt) (gt = its first gold
   caption, scored against the batch of gold captions).
-* ``st_gumbel``, ``st_multinomial`` (items 2, 5): the listener reads the straight-through
-  rows (one-hot forward, the relaxed distribution's gradient backward) of the sampled
-  captions; l_disc's gradient reaches the speaker through them and the listener directly.
-  ``tau``: the Gumbel-softmax / softmax temperature (paper: 1). The REINFORCE term uses the
-  log-probabilities of the sampled words under the model (at tau = 1 the multinomial words
-  are samples of exactly that distribution; Gumbel-argmax words are for every tau).
-* ``psst_gumbel``, ``psst_multinomial`` (sec. 5, items 1, 6): as ST, but a fraction ``rho`` of
-  the captions (exactly round(rho * rows) of the global batch, drawn from a generator seeded
-  by (params seed, step)) pass their whole relaxed distributions. Their length (the word the
-  listener reads last) is that of the sampled caption: the paper is silent on it.
+* ``st_gumbel``, ``st_multinomial``, ``psst_gumbel``, ``psst_multinomial`` (sec. 4.2, 5, items 1,
+  2, 5, 6): the listener reads relaxed rows and l_disc's gradient reaches the speaker through
+  them: :mod:`caprl.objectives.straight_through`.
 * ``frozen_speaker`` (Table 3 ablations "Frozen speaker (Luo/MLE)"): the speaker, started from
   a trained run, is frozen; the listener learns from ``n_samples`` samples per image (eval
   mode, no gradient, the trainer's sampling noise) by l_disc alone ("in practice we only
@@ -43,24 +51,25 @@ Eq. 4's margin is written 1 in the paper; we use the ``listener:`` margin (VSE++
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from caprl import decoding
-from caprl.decoding import ESTIMATORS, Samples
+from caprl.decoding import Samples
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, Options, register_objective
 from caprl.objectives.listener import ListenerObjective, disc_losses, first_captions, greedy_recall
-from caprl.retrieval import caption_lengths
 
 
 @dataclass
 class JointOptions(Options):
-    lam: float  # eq. 3: weight of l_disc; 1 - lam on l_nat (paper: 5e-4 .. 1e-2)
+    lam: float  # eq. 3: weight of l_disc; 1 - lam on l_nat (both per caption: see the module docstring)
     n_samples: int  # samples per image
     reward: str  # l_nat = -reward (a name under `rewards:`; paper: CIDEr)
 
@@ -71,30 +80,28 @@ class TrainedListenerOptions(JointOptions):
 
 
 @dataclass
-class StraightThroughOptions(TrainedListenerOptions):
-    tau: float  # temperature of the relaxed rows (paper: 1)
-
-
-@dataclass
-class PartialOptions(StraightThroughOptions):
-    rho: float  # PSST: fraction of the captions passed as whole distributions (paper: 0.25)
-
-
-@dataclass
 class FrozenSpeakerOptions(Options):
     n_samples: int  # samples per image the listener learns from
+
+
+@contextlib.contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode and without gradient for the block; its mode restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was_training)
 
 
 def speaker_samples(model: CaptionModel, batch: Batch, n: int, max_length: int) -> Samples:
     """``n`` captions per image sampled in eval mode without gradient (with the batch's noise);
     the model's mode is restored after."""
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
+    with frozen(model):
         ctx = model.encode(batch.pooled, batch.regions)
-        samples = decoding.sample(model, ctx, max_length, n=n, noise=batch.noise)
-    model.train(was_training)
-    return samples
+        return decoding.sample(model, ctx, max_length, n=n, noise=batch.noise)
 
 
 class Discriminative(ListenerObjective):
@@ -119,9 +126,13 @@ class Discriminative(ListenerObjective):
         return np.asarray(r_sample, dtype=np.float64), np.asarray(r_greedy, dtype=np.float64)
 
     def reinforce(self, advantage: torch.Tensor, samples: Samples) -> torch.Tensor:
-        """REINFORCE surrogate: -mean over the sampled tokens of advantage * log p (last stage)."""
-        logprobs = samples.logprobs[:, -1]
-        return -self.mean(advantage.detach().to(logprobs.dtype).unsqueeze(1) * logprobs, samples.mask[:, -1])
+        """REINFORCE surrogate of a per-caption reward: ``-mean_i advantage_i * sum_t log p(w_it)``
+        over the captions of the global batch (last stage): its gradient is the unbiased
+        estimate of the gradient of the mean per-caption reward, on eq. 4's scale (a caption
+        mean) whatever the captions' lengths."""
+        logprobs, mask = samples.logprobs[:, -1], samples.mask[:, -1]
+        per_caption = (logprobs * mask).sum(dim=-1)
+        return -self.caption_mean(advantage.detach().to(per_caption.dtype) * per_caption)
 
     def host(self, values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
         """Host rewards as float32 on ``like``'s device (advantages are formed in float32)."""
@@ -163,28 +174,54 @@ class Luo2018(Discriminative):
                       "mix_sample": float(mix_sample.mean()), "mix_greedy": float(mix_greedy.mean())}
 
 
+Turn = Callable[[CaptionModel, Batch], tuple[torch.Tensor, dict[str, float]]]
+
+
 @register_objective("reinforce_joint")
 class ReinforceJoint(Discriminative):
-    """Speaker and listener trained alternately (even steps: speaker, odd steps: listener);
-    the speaker's l_disc by REINFORCE with the gold caption's listener score as baseline."""
+    """Speaker and listener trained alternately, one update each per batch; the speaker's
+    l_disc by REINFORCE with the gold caption's listener score as baseline.
+
+    The paper (sec. 6.4 item 4): "trained alternately, where at each step one network is frozen
+    and the other is being updated"; the authors' code alternates one step at a time with two
+    Adam optimisers (train.py:481-487, models/AlternatingJointModel.py:508-551), each turn on a
+    batch of its own, so its speaker sees half the batches; here both turns read the same
+    batch and the speaker is updated on every batch, as in the other methods.
+
+    Trainer contract (``turns`` / ``turn_loss``): on every batch, for each turn in
+    :attr:`turns` in order, the trainer runs one full optimiser step: ``zero_grad``,
+    ``loss, metrics = turn_loss(model, batch, turn)``, ``backward``, clip, ``step``; only the
+    parameters that got gradients move (the speaker's turn gives the listener none, the
+    listener's turn the speaker none). So every batch gives one speaker update, as in every
+    other method, and one listener update on samples of the speaker just updated.
+    :meth:`loss`, for a trainer without turns, returns the sum of both turns' losses (one
+    optimiser step updates both networks; the listener's samples are then drawn before the
+    speaker's update).
+    """
 
     Options = TrainedListenerOptions
     options: TrainedListenerOptions
+    turns: tuple[str, ...] = ("speaker", "listener")
+
+    def turn_loss(self, model: CaptionModel, batch: Batch, turn: str) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one turn (a name in :attr:`turns`): :meth:`speaker_loss` or :meth:`listener_loss`."""
+        by_turn: dict[str, Turn] = {"speaker": self.speaker_loss, "listener": self.listener_loss}
+        if turn not in by_turn:
+            raise CaprlError(f"reinforce_joint: unknown turn {turn!r}; its turns are {', '.join(self.turns)}")
+        return by_turn[turn](model, batch)
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        if batch.noise is None:
-            raise CaprlError("reinforce_joint alternates on the trainer's step: the batch needs its noise "
-                             "(caprl.decoding.Noise with the step)")
-        if batch.noise.step % 2:
-            return self.listener_loss(model, batch)
-        return self.speaker_loss(model, batch)
+        speaker, speaker_stats = self.speaker_loss(model, batch)
+        listener, listener_stats = self.listener_loss(model, batch)
+        return speaker + listener, {**speaker_stats, **listener_stats}
 
     def speaker_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """lam * REINFORCE(-l_disc, baseline -l_disc(gt)) + (1 - lam) * REINFORCE(CIDEr-D, greedy)."""
+        """The speaker's turn, the listener frozen (eval mode, no gradient):
+        lam * REINFORCE(-l_disc, baseline -l_disc(gt)) + (1 - lam) * REINFORCE(CIDEr-D, greedy)."""
         n, lam = self.options.n_samples, self.options.lam
         greedy, samples = self.greedy_and_samples(model, batch, n)
         r_sample, r_greedy = self.nat_rewards(batch, greedy, samples)
-        with torch.no_grad():  # no listener gradient on the speaker's steps
+        with frozen(self.listener):
             d_sample = disc_losses(self.listener, samples.last_stage(), batch.pooled, n).float()
             d_gold = disc_losses(self.listener, first_captions(batch), batch.pooled, 1).float()
         advantage_disc = d_gold.repeat_interleave(n) - d_sample  # (-l_disc(w)) - (-l_disc(gt))
@@ -194,92 +231,12 @@ class ReinforceJoint(Discriminative):
                       "l_disc": float(d_sample.mean()), "l_disc_gt": float(d_gold.mean())}
 
     def listener_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """lam * mean l_disc of the speaker's samples (token ids), no speaker gradient."""
+        """The listener's turn, the speaker frozen: lam * mean l_disc of the speaker's samples
+        (token ids, drawn in eval mode without gradient: our choice, as at test time)."""
         n = self.options.n_samples
         samples = speaker_samples(model, batch, n, self.env.max_length)
         l_disc = self.caption_mean(disc_losses(self.listener, samples.last_stage(), batch.pooled, n))
-        return self.options.lam * l_disc, {"l_disc": float(l_disc.detach())}
-
-
-class StraightThrough(Discriminative):
-    """ST estimators (``estimator``: a name in :data:`caprl.decoding.ESTIMATORS`): the listener
-    reads the sampled captions' straight-through rows; l_disc trains both networks through them,
-    l_nat is self-critical REINFORCE on the same samples."""
-
-    Options = StraightThroughOptions
-    options: StraightThroughOptions
-    estimator: str = ""
-
-    def relaxed(self, rows: int, batch: Batch, device: torch.device) -> torch.Tensor | None:
-        """``[rows]`` True for the captions passed as whole distributions (none: plain ST)."""
-        return None
-
-    def decode(self, model: CaptionModel, batch: Batch) -> tuple[Samples, Samples]:
-        """The greedy captions (eval mode, no gradient) and ``n_samples`` relaxed samples per
-        image (train mode, differentiable, ``Samples.soft`` filled), from one encoding."""
-        n = self.options.n_samples
-        ctx = model.encode(batch.pooled, batch.regions)
-        model.eval()
-        with torch.no_grad():
-            greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
-        model.train()
-        rows = len(batch.image_ids) * n
-        estimator = ESTIMATORS[self.estimator](self.options.tau)
-        samples = decoding.sample(model, ctx, self.env.max_length, n=n, estimator=estimator,
-                                  relaxed=self.relaxed(rows, batch, batch.pooled.device))
-        return greedy, samples
-
-    def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        n, lam = self.options.n_samples, self.options.lam
-        greedy, samples = self.decode(model, batch)
-        assert samples.soft is not None
-        tokens = samples.last_stage()
-        d_sample = disc_losses(self.listener, samples.soft[:, -1], batch.pooled, n, lengths=caption_lengths(tokens))
-        l_disc = self.caption_mean(d_sample)
-        r_sample, r_greedy = self.nat_rewards(batch, greedy, samples)
-        l_nat = self.reinforce(self.host(r_sample - np.repeat(r_greedy, n), like=d_sample), samples)
-        loss = lam * l_disc + (1 - lam) * l_nat
-        return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean()),
-                      "l_disc": float(l_disc.detach()), "l_nat": float(l_nat.detach())}
-
-
-class PartialStraightThrough(StraightThrough):
-    """PSST (sec. 5): a seeded fraction ``rho`` of the captions passes whole distributions."""
-
-    Options = PartialOptions
-    options: PartialOptions
-
-    def relaxed(self, rows: int, batch: Batch, device: torch.device) -> torch.Tensor | None:
-        """Drawn for the GLOBAL batch from a generator seeded by (params seed, trainer step) and
-        sliced to this process's rows, so a DDP run relaxes the captions one process would."""
-        noise = batch.noise
-        step = noise.step if noise is not None else 0
-        generator = torch.Generator().manual_seed(hash((int(self.env.extras.get("seed", 0)), step)) % (2**63))
-        if noise is None:
-            return decoding.partial_mask(rows, self.options.rho, generator, device)
-        per_image = rows // len(batch.image_ids)
-        every = decoding.partial_mask(noise.total * per_image, self.options.rho, generator, device)
-        return every[noise.offset * per_image : noise.offset * per_image + rows]
-
-
-@register_objective("st_gumbel")
-class STGumbel(StraightThrough):
-    estimator = "st_gumbel"
-
-
-@register_objective("st_multinomial")
-class STMultinomial(StraightThrough):
-    estimator = "st_multinomial"
-
-
-@register_objective("psst_gumbel")
-class PSSTGumbel(PartialStraightThrough):
-    estimator = "st_gumbel"
-
-
-@register_objective("psst_multinomial")
-class PSSTMultinomial(PartialStraightThrough):
-    estimator = "st_multinomial"
+        return self.options.lam * l_disc, {"listener_l_disc": float(l_disc.detach())}
 
 
 @register_objective("frozen_speaker")

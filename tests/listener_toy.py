@@ -1,0 +1,112 @@
+"""The toy world of the paper-004 objective tests: four kinds of image with one caption each,
+a tiny Show-Tell speaker and listener, and recorders of what an objective decodes, scores and
+passes to its listener (real components, wrapped only to record their inputs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from caprl import decoding
+from caprl.models import build_model
+from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
+from caprl.retrieval import ListenerConfig
+from toy import WORDS, count_red, decode
+
+FEAT = 5
+CONFIG = ListenerConfig(word_size=8, hidden_size=12, margin=0.2)
+# the 4 kinds of toy image and their caption: "a red circle", "a red square", "a blue circle", "a blue square"
+CAPTIONS = [[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0]]
+
+BASE = {"lr": 1e-2, "epochs": 1}
+JOINT = {**BASE, "lam": 0.5, "n_samples": 2, "reward": "count_red"}
+TRAINED = {**JOINT, "listener_lr": 1e-2}
+ST = {**TRAINED, "tau": 1.0}
+PSST = {**ST, "rho": 0.5, "variant": "paper"}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "listener": {**BASE, "warmup_epochs": 1}, "luo2018": JOINT, "reinforce_joint": TRAINED, "st_gumbel": ST, "st_multinomial": ST,
+    "psst_gumbel": PSST, "psst_multinomial": PSST, "frozen_speaker": {**BASE, "n_samples": 2}}
+
+
+class ToyData:
+    """Image i is of kind i % 4 (its pooled feature: that kind's one-hot plus noise) and has
+    two gold captions, both its kind's caption. Train ids 0..15, val ids 100..107."""
+
+    def split_ids(self, split: str) -> list[int]:
+        return list(range(16)) if split == "train" else list(range(100, 108))
+
+    def features_of(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, regions = [], []
+        for i in ids:
+            gen = torch.Generator().manual_seed(i)
+            pooled.append(F.one_hot(torch.tensor(i % 4), FEAT).float() + 0.1 * torch.randn(FEAT, generator=gen))
+            regions.append(torch.randn(3, FEAT, generator=gen))
+        return torch.stack(pooled), torch.stack(regions)
+
+    def batch(self, ids: list[int]) -> Batch:
+        pooled, regions = self.features_of(ids)
+        labels = torch.tensor([CAPTIONS[i % 4] for i in ids for _ in range(2)])
+        return Batch(list(ids), pooled, regions, labels, torch.arange(len(ids)).repeat_interleave(2))
+
+    def decode(self, tokens: torch.Tensor) -> list[list[str]]:
+        return decode(tokens)
+
+
+def make_env(**extras: Any) -> ObjectiveEnv:
+    extras = {"listener": CONFIG, "feat_dim": FEAT, "seed": 0, **extras}
+    return ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6, extras=extras)
+
+
+def make(method: str, options: dict[str, Any] | None = None, seed: int = 0) -> tuple[Any, Objective, Batch]:
+    torch.manual_seed(seed)
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), FEAT, 3)
+    objective = build_objective(method, {**OPTIONS[method], **(options or {})}, make_env(), model)
+    batch = ToyData().batch([0, 1, 2, 3])
+    batch.noise = decoding.Noise(seed=0, step=0, total=4)
+    return model, objective, batch
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def same(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+
+
+def record_listener_inputs(objective: Objective) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Wrap the objective's listener so every ``similarity`` call records its caption input."""
+    calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    real = objective.listener.similarity
+
+    def similarity(captions: torch.Tensor, pooled: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        calls.append((captions, lengths))
+        return real(captions, pooled, lengths)
+
+    objective.listener.similarity = similarity  # type: ignore[method-assign]
+    return calls
+
+
+def record_decodes(objective: Objective) -> list[tuple[decoding.Samples, ...]]:
+    """Wrap a straight-through objective's decode so every call records (greedy, samples, l_nat's samples)."""
+    drawn: list[tuple[decoding.Samples, ...]] = []
+    real = objective.decode
+
+    def decode_and_record(model: Any, batch: Batch) -> tuple[decoding.Samples, ...]:
+        drawn.append(real(model, batch))
+        return drawn[-1]
+
+    objective.decode = decode_and_record  # type: ignore[method-assign]
+    return drawn
+
+
+def is_one_hot(rows: torch.Tensor) -> bool:
+    """Every row of ``rows [..., V]`` is a one-hot vector (up to float rounding of ST's h - p + p)."""
+    hard = F.one_hot(rows.detach().argmax(-1), rows.shape[-1]).to(rows.dtype)
+    return bool(torch.allclose(rows.detach(), hard, atol=1e-6, rtol=0))
+
+
+def grad_sum(module: torch.nn.Module) -> float:
+    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
