@@ -46,7 +46,8 @@ CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown", "sll_sle-fc", "sll_
 OPTIONS = {
     "xe": {"lr": 5e-4, "epochs": 1},
     "scst": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "entropy": 0.0},
-    "sll_sle": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "alpha": 0.75},
+    "sll_sle": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "alpha": 0.75,
+                "diversity": "pairwise"},
 }
 
 

@@ -27,7 +27,7 @@ TINY: dict[str, Any] = {
                for name, att in [("fc", False), ("topdown", True), ("lstm3", False), ("softatt", True),
                                  ("stackcap_star", True), ("stackcap", True)]},
     "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2},
-                   "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8},
+                   "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8}, "mixer": {"epochs": 1},
                    "sll": {"epochs": 1, "n_samples": 2}, "sll_sle": {"epochs": 1, "n_samples": 2},
                    **{m: {"epochs": 1} for m in ("listener", "luo2018", "reinforce_joint", "st_gumbel", "st_multinomial",
                                                  "psst_gumbel", "psst_multinomial", "frozen_speaker", "value",

@@ -48,24 +48,34 @@ def test_errors():
         diversity({})
 
 
-def test_set_scores_cider_is_the_official_cider_d_of_every_caption():
-    """Table 4's CIDEr-D column: the mean of pycocoevalcap's CIDEr-D over all captions of the
-    sets (PTB-tokenised, df from the references, as coco-caption does)."""
+def test_set_scores_cider_is_the_official_cider_d_mean_or_top_caption():
+    """Table 4's CIDEr-D column: pycocoevalcap's CIDEr-D (PTB-tokenised, df from the references,
+    as coco-caption does) of every caption of the sets, reduced per decoding: ``mean`` over
+    every caption (rs, paper 002 sec. 5.4), ``top`` = the first caption's (bs: the top beam,
+    the official corpus CIDEr-D of those captions, as the run's main beam score)."""
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-    from caprl.evaluation.diversity import set_scores
+    from caprl.evaluation.diversity import TABLE4_PRECISION, set_scores
 
     tokens = coco_tokens()
     ids = list(tokens)[:6]
     references = {i: [" ".join(c) for c in tokens[i][:4]] for i in ids}
     sets = {i: [tokens[i][4], tokens[ids[(k + 1) % 6]][0], tokens[i][4][:3]] for k, i in enumerate(ids)}
-    got = set_scores(sets, references)
     gts = PTBTokenizer().tokenize({i: [{"caption": r} for r in references[i]] for i in ids})
-    scores = []
+    corpus, per_caption = [], []
     for j in range(3):  # one caption per image per official call: df from the 6 images' references
         res = PTBTokenizer().tokenize({i: [{"caption": " ".join(sets[i][j])}] for i in ids})
-        scores.extend(Cider().compute_score(gts, res)[1])
-    assert got["CIDEr-D"] == pytest.approx(float(np.mean(scores)), abs=1e-9)
-    assert set(got) == {"CIDEr-D", "Div-1", "Div-2", "mBLEU-4"}
-    assert got["Div-1"] == pytest.approx(diversity(sets)["Div-1"])
+        score, scores = Cider().compute_score(gts, res)
+        corpus.append(score)
+        per_caption.extend(scores)
+    mean, top = set_scores(sets, references, "mean"), set_scores(sets, references, "top")
+    assert mean["CIDEr-D"] == pytest.approx(float(np.mean(per_caption)), abs=1e-9)
+    assert top["CIDEr-D"] == pytest.approx(corpus[0], abs=1e-9)  # the first captions' official score
+    assert top["CIDEr-D"] != pytest.approx(mean["CIDEr-D"], abs=1e-3)
+    assert top["CIDEr-D_mean"] == mean["CIDEr-D_mean"] == pytest.approx(mean["CIDEr-D"], abs=1e-12)
+    assert set(top) == {"CIDEr-D", "CIDEr-D_mean", "Div-1", "Div-2", "mBLEU-4"}
+    assert top["Div-1"] == pytest.approx(diversity(sets)["Div-1"])
+    assert TABLE4_PRECISION == {"rs": "mean", "bs": "top"}  # the paper's: rs averaged, bs the top beam
+    with pytest.raises(CaprlError, match="unknown precision 'median'"):
+        set_scores(sets, references, "median")

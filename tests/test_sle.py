@@ -10,7 +10,10 @@ from pycocoevalcap.bleu.bleu_scorer import BleuScorer
 
 from caprl import decoding
 from caprl.objectives import build_objective
-from caprl.objectives.sle import diversity_weights, pairwise_distances, sample_weights
+from caprl.errors import CaprlError
+from caprl.objectives.sle import (DIVERSITY, combine, diversity_weights, leave_one_out_rewards, leave_one_out_weights,
+                                  pairwise_distances, sample_weights)
+from conftest import default_params
 from test_objectives import redraw, setup
 from toy import count_red, decode
 
@@ -100,7 +103,7 @@ def test_sll_me_entropy_term_is_the_mean_per_step_entropy_of_the_sampling_distri
 
 def test_sll_sle_loss_is_eq15_with_the_hand_computed_weights() -> None:
     model, batch, env = setup()
-    objective = build_objective("sll_sle", {**SLL, "alpha": 0.75}, env, model)
+    objective = build_objective("sll_sle", {**SLL, "alpha": 0.75, "diversity": "pairwise"}, env, model)
     torch.manual_seed(7)
     loss, stats = objective.loss(model, batch)
     _, greedy, samples = redraw(model, batch, 7)
@@ -119,7 +122,8 @@ def test_sll_sle_makes_samples_more_diverse_than_sll() -> None:
     """On the toy problem, a mostly-diversity objective (alpha = 0.25) keeps the samples of an
     image farther apart than SLL after the same steps from the same start."""
     distances = {}
-    for name, options in (("sll", {**SLL, "entropy": 0.0}), ("sll_sle", {**SLL, "alpha": 0.25})):
+    for name, options in (("sll", {**SLL, "entropy": 0.0}),
+                          ("sll_sle", {**SLL, "alpha": 0.25, "diversity": "pairwise"})):
         model, batch, env = setup()
         objective = build_objective(name, {**options, "n_samples": 5}, env, model)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -134,3 +138,78 @@ def test_sll_sle_makes_samples_more_diverse_than_sll() -> None:
             words = decode(decoding.sample(model.train(), ctx, 6, n=5).last_stage())
         distances[name] = pairwise_distances([words[5 * g: 5 * g + 5] for g in range(4)]).mean()
     assert distances["sll_sle"] > distances["sll"]
+
+
+# ---------------------------------------------------------------- the authors' leave-one-out variant
+
+
+def _authors_diversity(groups: list[list[list[str]]]) -> np.ndarray:
+    """The first author's code, step by step (caption_competition gen_model/trntst_util.py
+    ``eval_bleu_diversity_in_rollout`` with min_ngram 2, max_ngram 4, and gen_model/diversity.py:
+    the rewards minus their mean clipped below at -0.5), with pycocoevalcap's Bleu(4)."""
+    from pycocoevalcap.bleu.bleu import Bleu
+
+    out = []
+    for group in groups:
+        captions = [" ".join(c) for c in group]
+        rewards = []
+        for j in range(len(captions)):
+            gts = {0: captions[:j] + captions[j + 1:]}
+            preds = {0: captions[j:j + 1]}
+            score, _ = Bleu(4).compute_score(gts, preds, verbose=0)
+            rewards.append(-np.mean(score[2:4]))
+        out.append(rewards)
+    rewards = np.array(out)
+    baseline = np.maximum(rewards.mean(axis=1), -0.5 * np.ones(len(groups)))
+    return rewards - baseline[:, None]
+
+
+def test_leave_one_out_diversity_equals_the_authors_code_with_pycocoevalcap() -> None:
+    """Parity on real COCO captions (5 per group) and on degenerate groups: repeated samples
+    (the clip at -0.5 binds: every sample is pushed down) and an empty caption."""
+    from conftest_rewards import coco_tokens
+
+    tokens = coco_tokens()
+    groups = [tokens[i][:5] for i in list(tokens)[:12]]
+    sentence = "a man riding a horse on a beach".split()
+    groups += [[sentence] * 5, [sentence, sentence, sentence[:4], [], "two dogs play in the snow".split()]]
+    got = leave_one_out_weights(leave_one_out_rewards(groups))
+    np.testing.assert_allclose(got, _authors_diversity(groups), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(got[-2], -0.5, atol=1e-6)  # BLEU 1 everywhere: reward -1, baseline clipped to -0.5
+    mean = leave_one_out_rewards(groups).mean(axis=1)
+    idle = mean > -0.5  # the clip is idle: the weights of the group sum to zero; else to s (mean + 0.5) < 0
+    assert idle[:12].sum() >= 6 and not idle[-2]
+    np.testing.assert_allclose(got[idle].sum(axis=1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(got[~idle].sum(axis=1), 5 * (mean[~idle] + 0.5), atol=1e-12)
+    weights, stats = DIVERSITY.get("leave_one_out")(groups)
+    np.testing.assert_allclose(weights, got)
+    assert np.abs(DIVERSITY.get("pairwise")(groups)[0] - weights).max() > 0.1  # not the paper's term
+    assert stats["diversity_reward"] == pytest.approx(leave_one_out_rewards(groups).mean())
+
+
+def test_sll_sle_leave_one_out_loss_uses_the_authors_weights_without_2_over_s() -> None:
+    model, batch, env = setup()
+    objective = build_objective("sll_sle", {**SLL, "alpha": 0.75, "diversity": "leave_one_out"}, env, model)
+    torch.manual_seed(7)
+    loss, stats = objective.loss(model, batch)
+    _, greedy, samples = redraw(model, batch, 7)
+    words = decode(samples.last_stage())
+    groups = [words[3 * g: 3 * g + 3] for g in range(4)]
+    r_greedy = count_red(None, decode(greedy.last_stage()))
+    r_sample = count_red(None, words).reshape(4, 3)
+    diversity = leave_one_out_weights(leave_one_out_rewards(groups))
+    weights = torch.tensor(combine(r_sample, r_greedy, diversity, 0.75).reshape(-1), dtype=torch.float32)
+    mask = samples.mask[:, 0]
+    expected = -(weights[:, None] * samples.logprobs[:, 0] * mask).sum() / mask.sum()  # per token, as the code
+    assert torch.isclose(loss, expected, atol=1e-6)
+    assert "diversity_reward" in stats and "distance" not in stats
+
+
+def test_the_default_diversity_is_the_papers_and_unknown_ones_are_errors() -> None:
+    assert default_params()["objectives"]["sll_sle"]["diversity"] == "pairwise"
+    assert set(DIVERSITY) == {"pairwise", "leave_one_out"}
+    model, _, env = setup()
+    with pytest.raises(CaprlError, match="unknown SLE diversity term 'mean'; registered: leave_one_out, pairwise"):
+        build_objective("sll_sle", {**SLL, "alpha": 0.75, "diversity": "mean"}, env, model)
+    with pytest.raises(CaprlError, match="diversity missing"):
+        build_objective("sll_sle", {**SLL, "alpha": 0.75}, env, model)

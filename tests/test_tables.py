@@ -41,7 +41,8 @@ def table_params() -> dict[str, Any]:
         "evaluate": {"split": "test"}, "decode": {"method": "beam", "beam_size": 5},
         "models": {"fc": {"arch": "fc"}, "td": {"arch": "topdown"}, "sc": {"arch": "stackcap"}},
         "objectives": {"xe": {"lr": 1e-3, "epochs": 15}, "scst": {"reward": "cider_d"}, "c2f": {"reward": "cider_d"},
-                       "pg_spider": {"rollouts": 3, "reward": "cider_d"}, "listener_pretrain": {}},
+                       "pg_spider": {"rollouts": 3, "reward": "cider_d"}, "mixer": {"reward": "cider_d"},
+                       "listener_pretrain": {}},
         "rewards": {"cider_d": {"kind": "cider_d"},
                     "bcmr": {"kind": "mix", "weights": {"bleu4": 0.25, "cider_d": 0.25, "meteor": 0.25,
                                                         "rouge_l": 0.25}},
@@ -57,6 +58,7 @@ def table_params() -> dict[str, Any]:
             "fc-pg-spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
                              "options": {"reward": "spider"}},
             "td-pg-cider": {"method": "pg_spider", "model": "td", "init": {"model": "td-xe"}},
+            "fc-mix": {"method": "mixer", "model": "fc", "init": {"model": "fc-xe"}},
             "sc-xe-lr1": {"method": "xe", "model": "sc", "options": {"lr": 1e-3}},
             "sc-xe-lr2": {"method": "xe", "model": "sc", "options": {"lr": 2e-3}},
             "sc-c2f-coco": {"method": "c2f", "model": "sc", "init": {"model": "sc-xe-lr1"}, "datasets": ["coco"]},
@@ -78,7 +80,8 @@ def write_scores(results: Path, run: str, metrics: dict[str, float] | None = Non
 def results(tmp_path: Path) -> Path:
     """results/synthetic with every run's scores but fc-pg-bcmr (not evaluated yet) and fc-pg-spider."""
     out = tmp_path / "results" / "synthetic"
-    for run in ("td-xe", "fc-xe", "fc-scst", "fc-pg-cider", "td-pg-cider", "sc-xe-lr1", "sc-xe-lr2", "most-frequent"):
+    for run in ("td-xe", "fc-xe", "fc-scst", "fc-pg-cider", "td-pg-cider", "sc-xe-lr1", "sc-xe-lr2", "fc-mix",
+                "most-frequent"):
         write_scores(out, run)
     write_scores(out, "fc-pg-cider", {**METRICS, "SPICE": 0.2}, unavailable={})
     return out
@@ -118,8 +121,8 @@ def test_main_table_groups_by_model_labels_by_run_and_shows_missing(results: Pat
     table = main_table(params, "synthetic", scores_in(results, params))
     labels = [label for label, _ in table.rows]
     assert labels == ["fc (XE) [fc-xe]", "fc (SCST) [fc-scst]", "fc (PG-SPIDEr) [fc-pg-cider]",
-                      "fc (PG-SPIDEr) [fc-pg-bcmr]", "fc (PG-SPIDEr) [fc-pg-spider]", "td (XE) [td-xe]",
-                      "td (PG-SPIDEr) [td-pg-cider]", "sc (XE) [sc-xe-lr1]", "sc (XE) [sc-xe-lr2]",
+                      "fc (PG-SPIDEr) [fc-pg-bcmr]", "fc (PG-SPIDEr) [fc-pg-spider]", "fc (MIXER) [fc-mix]",
+                      "td (XE) [td-xe]", "td (PG-SPIDEr) [td-pg-cider]", "sc (XE) [sc-xe-lr1]", "sc (XE) [sc-xe-lr2]",
                       "most frequent training caption"]
     cells = rows(table)
     assert cells["fc (XE) [fc-xe]"][6].ours == pytest.approx(110.0)
@@ -145,12 +148,14 @@ def test_pg_spider_rows_per_model_and_reward(results: Path, tmp_path: Path, no_s
     table = pg_spider_table(params, "synthetic", scores_in(results, params))
     assert table.columns == ["B@4", "M", "R", "C", "S", "SPIDEr"]
     labels = [label for label, _ in table.rows]
-    assert labels[:4] == ["fc (XE) [fc-xe]", "fc (SCST) [fc-scst]", "fc (PG-SPIDEr, cider_d) [fc-pg-cider]",
-                          "fc (PG-SPIDEr, bcmr) [fc-pg-bcmr]"]
+    assert labels[:5] == ["fc (XE) [fc-xe]", "fc (SCST) [fc-scst]", "fc (MIXER) [fc-mix]",
+                          "fc (PG-SPIDEr, cider_d) [fc-pg-cider]", "fc (PG-SPIDEr, bcmr) [fc-pg-bcmr]"]
+    labels.remove("fc (MIXER) [fc-mix]")
     assert labels[4] == "fc (PG-SPIDEr, spider) [fc-pg-spider]"
     assert f"fc-pg-spider: unavailable, not trained here: SPICE jars not found in …/{tmp_path.name}/corenlp." \
         in table.notes
-    assert labels[5:] == ["td (XE) [td-xe]", "td (SCST): no run", "td (PG-SPIDEr, cider_d) [td-pg-cider]"]
+    assert labels[5:] == ["td (XE) [td-xe]", "td (SCST): no run", "td (MIXER): no run",
+                          "td (PG-SPIDEr, cider_d) [td-pg-cider]"]
     cells = rows(table)
     pg = cells["fc (PG-SPIDEr, cider_d) [fc-pg-cider]"]
     assert [c.ours for c in pg] == pytest.approx([20.0, 25.0, 45.0, 110.0, 20.0, 65.0])  # SPIDEr = (110 + 20) / 2
@@ -167,6 +172,36 @@ def test_pg_spider_rows_per_model_and_reward(results: Path, tmp_path: Path, no_s
     assert csv_row.endswith("unavailable,,")
 
 
+def test_pg_spider_table_has_a_mixer_row_chosen_by_method(results: Path, no_spice: str) -> None:
+    """MIXER (Ranzato et al.), the paper's comparison baseline, is a row of every model with a
+    pg_spider or mixer run, labelled as the paper does, found by method whatever the run's
+    name; the paper's summary gives it no number; a MIXER run that cannot train here says why."""
+    params = table_params()
+    params["runs"]["baseline-of-liu"] = params["runs"].pop("fc-mix")  # any name: rows are found by method
+    write_scores(results, "baseline-of-liu", {**METRICS, "CIDEr-D": 1.05})
+    params["runs"]["sc-mix"] = {"method": "mixer", "model": "sc", "init": {"model": "sc-xe-lr1"},
+                                "options": {"reward": "spider"}}  # a model with a mixer run only
+    table = pg_spider_table(params, "synthetic", scores_in(results, params))
+    labels = [label for label, _ in table.rows]
+    assert labels.index("fc (MIXER) [baseline-of-liu]") == labels.index("fc (SCST) [fc-scst]") + 1
+    assert labels[labels.index("td (XE) [td-xe]"):] == [
+        "td (XE) [td-xe]", "td (SCST): no run", "td (MIXER): no run", "td (PG-SPIDEr, cider_d) [td-pg-cider]",
+        "sc (XE) [sc-xe-lr1]", "sc (XE) [sc-xe-lr2]", "sc (SCST): no run", "sc (MIXER) [sc-mix]"]
+    cells = rows(table)
+    assert cells["fc (MIXER) [baseline-of-liu]"][3].ours == pytest.approx(105.0)
+    assert all(c.paper is None for _, cs in table.rows for c in cs)
+    assert [c.text() for c in cells["sc (MIXER) [sc-mix]"]] == ["unavailable"] * 6
+    assert any(n.startswith("sc-mix: unavailable, not trained here: SPICE jars") for n in table.notes)
+    assert any("MIXER = Ranzato et al. 2016" in n and "no MIXER numbers" in n for n in table.notes)
+
+
+def test_the_repository_params_put_fc_mixer_in_the_pg_spider_table() -> None:
+    params = default_params()
+    assert params["runs"]["fc-mixer"] == {"method": "mixer", "model": "fc", "init": {"model": "fc-xe"}}
+    table = pg_spider_table(params, "synthetic", {})
+    assert "fc (MIXER) [fc-mixer]" in [label for label, _ in table.rows]
+
+
 def test_pg_spider_run_with_scores_is_shown_whatever_this_machine_lacks(results: Path, no_spice: str) -> None:
     params = table_params()
     write_scores(results, "fc-pg-spider", {**METRICS, "SPICE": 0.1}, unavailable={})
@@ -176,7 +211,7 @@ def test_pg_spider_run_with_scores_is_shown_whatever_this_machine_lacks(results:
 
 def test_pg_spider_table_without_runs_says_so(results: Path) -> None:
     params = table_params()
-    params["runs"] = {k: v for k, v in params["runs"].items() if v["method"] != "pg_spider"}
+    params["runs"] = {k: v for k, v in params["runs"].items() if v["method"] not in ("pg_spider", "mixer")}
     table = pg_spider_table(params, "synthetic", scores_in(results, params))
     assert table.rows == [] and "No pg_spider run trains on synthetic." in table.notes
 

@@ -31,7 +31,7 @@ def sle_params() -> dict[str, Any]:
 
 
 def diversity(run: str, ids: list[int] = IDS, rs: dict[str, float] | None = None) -> dict[str, Any]:
-    return {"settings": {"samples": 5, "beams": 5, "seed": 1234},
+    return {"settings": {"samples": 5, "beams": 5, "seed": 1234, "precision": {"rs": "mean", "bs": "top"}},
             "rs": rs or {"CIDEr-D": 1.02, "Div-1": 0.31, "Div-2": 0.42, "mBLEU-4": 0.61},
             "bs": {"CIDEr-D": 1.10, "Div-1": 0.27, "Div-2": 0.36, "mBLEU-4": 0.76},
             "examples": [{"image_id": i, "references": [f"reference {j} of image {i}" for j in range(5)],
@@ -194,8 +194,9 @@ def test_table3_carries_the_paper_numbers_on_tgif_only() -> None:
     cells = rows(table)
     assert labels(table)[:2] == ["Official [15] [paper]", "Show-adapt [7] [paper]"]
     assert texts(cells["Show-adapt [7] [paper]"]) == ["— (paper 16.2)", "— (paper 29.8)", "—"]
-    assert texts(cells["fc (SLL) [fc-sll]"])[:2] == ["27.0 (paper 17.8, +9.2)", "115.0 (paper 45.9, +69.1)"]
-    assert [c.paper for c in cells["fc (SLL-ME) [fc-sll_me]"]] == [18.2, 48.1, 16.0]
+    # the text's assignment of the printed-swapped rows (see the next test)
+    assert texts(cells["fc (SLL) [fc-sll]"])[:2] == ["27.0 (paper 18.2, +8.8)", "115.0 (paper 48.1, +66.9)"]
+    assert [c.paper for c in cells["fc (SLL-ME) [fc-sll_me]"]] == [17.8, 45.9, 15.9]
     assert [c.paper for c in cells["fc (SLL-SLE) [fc-sll_sle]"]] == [18.8, 50.8, 16.6]
     assert all(c.paper is None for c in cells["topdown (SLL*) [topdown-sll]"])  # the paper has no attention rows
     assert "no paper numbers for topdown (with attention)" in " ".join(table.notes)
@@ -255,6 +256,31 @@ def test_table4_without_diversity_says_not_evaluated() -> None:
     assert texts(cells["fc (XE, bs) [fc-xe]"])[0] == "not evaluated (paper 102.5)"
     assert cells["fc (XE, rs) [fc-xe]"][0].ours == pytest.approx(102.0)
     assert rows(sle_table2(params, "coco", scores))["fc (SLL) [fc-sll]"][1].ours == pytest.approx(115.0)
+
+
+def test_table4_bs_cider_is_the_top_beams() -> None:
+    """Paper 002's bs CIDEr equal its Table 2 (the top beam's), its rs CIDEr the mean over the 5
+    samples (sec. 5.4). A score file whose bs section holds the mean over the beams (written
+    before ``settings.precision``) shows the run's beam-5 test CIDEr-D instead (the same beam
+    search: the same top beam); with another width, "not evaluated"; a note says which."""
+    params = sle_params()
+    scores = all_scores(params, "coco")
+    for run in ("fc-sll", "fc-sll_me"):
+        scores[run]["diversity"]["settings"].pop("precision")  # an older score file: bs = the mean
+    scores["fc-sll_me"]["beam_size"] = 3  # its main score is not a beam-5 search
+    table = sle_table4(params, "coco", scores)
+    cells = rows(table)
+    assert texts(cells["fc (SLL-SLE, bs) [fc-sll_sle]"])[0] == "110.0 (paper 117.2, -7.2)"  # its top-beam value
+    assert texts(cells["fc (SLL, bs) [fc-sll]"])[0] == "115.0 (paper 115.0, +0.0)"  # metrics CIDEr-D, not 110.0
+    assert cells["fc (SLL, rs) [fc-sll]"][0].ours == pytest.approx(102.0)  # rs: the mean, as written
+    assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[0] == "not evaluated (paper 115.6)"
+    assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[1:] == ["0.27 (paper 0.26, +0.01)", "0.36 (paper 0.34, +0.02)",
+                                                              "0.76 (paper 0.79, -0.03)"]
+    assert ("fc-sll: its bs CIDEr-D is its beam-5 test CIDEr-D, the top beam's (its older diversity section "
+            "holds the mean over the captions).") in table.notes
+    assert ("fc-sll_me: bs CIDEr-D not evaluated: its diversity section holds the mean over the captions, not "
+            "the top beam's (re-run its evaluation).") in table.notes
+    assert "bs = the top beam's" in table.notes[0] and "rs = the mean over an image's 5 samples" in table.notes[0]
 
 
 def test_table4_notes_other_diversity_settings() -> None:

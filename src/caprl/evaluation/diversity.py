@@ -9,11 +9,16 @@ For the caption set Y of one image (e.g. 5 random samples or the top-5 beams):
   diverse).
 
 Each is computed per image and averaged over images. Captions are token lists.
+
+Table 4's precision column is the official CIDEr-D, reduced per decoding as the paper
+reports it (:data:`TABLE4_PRECISION`): for rs the mean over the 5 sampled captions (sec. 5.4:
+"The reported CIDEr is the average of CIDEr scores of the 5 sampled captions"), for bs the
+top beam's (its bs CIDEr equal Table 2's beam-5 CIDEr: SLL 115.0, SLL-ME 115.6, SLL-SLE 117.2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,16 +55,31 @@ def diversity(captions_per_image: Mapping[int, Sequence[Sequence[str]]]) -> dict
 
 CaptionSets = Mapping[int, Sequence[Sequence[str]]]
 
+#: How a decoding's per-caption CIDEr-D (one array per image, its set's order) becomes
+#: Table 4's number: ``mean`` over every caption of every set; ``top`` = the mean over images
+#: of each set's first caption (a beam set is sorted best first: the top beam's CIDEr-D).
+PRECISIONS: dict[str, Callable[[list[np.ndarray]], float]] = {
+    "mean": lambda per_image: float(np.concatenate(per_image).mean()),
+    "top": lambda per_image: float(np.mean([scores[0] for scores in per_image])),
+}
+#: Paper 002's Table 4: rs CIDEr = the mean over the 5 samples (sec. 5.4); bs CIDEr = the top
+#: beam's (equal to Table 2's beam-5 numbers), the run's main beam score when the widths match.
+TABLE4_PRECISION: dict[str, str] = {"rs": "mean", "bs": "top"}
 
-def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]]) -> dict[str, float]:
+
+def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]], precision: str) -> dict[str, float]:
     """Table 4's columns for one decoding: Div-1, Div-2, mBLEU-4 of each image's caption set,
-    and CIDEr-D averaged over every caption of every set.
+    ``CIDEr-D`` reduced by ``precision`` (a key of :data:`PRECISIONS`) and ``CIDEr-D_mean``,
+    the mean over every caption of every set (whatever ``precision``).
 
     CIDEr-D is the official one: candidates and raw references PTB-tokenised by
     pycocoevalcap's tokenizer (one JVM call) and scored by our engine, which equals
-    pycocoevalcap's CiderD with document frequencies from these references (its convention).
+    pycocoevalcap's CiderD with document frequencies from these references (its convention;
+    so ``top`` on a beam set equals the official corpus CIDEr-D of the best beams).
     The diversity metrics read the model's own words.
     """
+    if precision not in PRECISIONS:
+        raise CaprlError(f"diversity: unknown precision '{precision}'; known: {', '.join(sorted(PRECISIONS))}")
     from caprl.metrics.official import ptb_tokenize
     from caprl.rewards import build_reward
 
@@ -74,4 +94,6 @@ def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]]) -> di
     owners = [i for i in ids for _ in sets[i]]
     candidates = [(tokens[("cand", i, j)] or [""])[0].split() for i in ids for j in range(len(sets[i]))]
     cider = build_reward("cider_d", refs)(owners, candidates)
-    return {"CIDEr-D": float(cider.mean()), **diversity({i: sets[i] for i in ids})}
+    per_image = np.split(cider, np.cumsum([len(sets[i]) for i in ids])[:-1])
+    return {"CIDEr-D": PRECISIONS[precision](per_image), "CIDEr-D_mean": PRECISIONS["mean"](per_image),
+            **diversity({i: sets[i] for i in ids})}

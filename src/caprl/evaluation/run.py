@@ -20,7 +20,7 @@ from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
 from caprl.evaluation import degenerate
-from caprl.evaluation.diversity import set_scores
+from caprl.evaluation.diversity import TABLE4_PRECISION, set_scores
 from caprl.evaluation.report import score_and_record
 from caprl.metrics.official import OfficialScorer
 from caprl.metrics.score_cli import load_references
@@ -81,11 +81,13 @@ def diversity_sets(model: CaptionModel, data: CaptionData, image_ids: list[int],
 def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
                      references: dict[int, list[str]], params: dict[str, Any]) -> dict[str, Any]:
     """Paper 002's Table 4 for one model: both caption sets of every image, their scores
-    (:func:`caprl.evaluation.diversity.set_scores`) and a few examples."""
+    (:func:`caprl.evaluation.diversity.set_scores`; CIDEr-D reduced per decoding as the paper
+    reports it, :data:`~caprl.evaluation.diversity.TABLE4_PRECISION`, recorded in the
+    settings as ``precision``) and a few examples."""
     settings = params["evaluate"]["diversity"]
     sets = diversity_sets(model, data, image_ids, params)
-    report: dict[str, Any] = {"settings": {**settings, "seed": params["seed"]}}
-    report.update({name: set_scores(captions, references) for name, captions in sets.items()})
+    report: dict[str, Any] = {"settings": {**settings, "seed": params["seed"], "precision": dict(TABLE4_PRECISION)}}
+    report.update({name: set_scores(captions, references, TABLE4_PRECISION[name]) for name, captions in sets.items()})
     report["examples"] = [{"image_id": i, "references": references[i],
                            **{name: [" ".join(c) for c in captions[i]] for name, captions in sets.items()}}
                           for i in sorted(image_ids)[: settings["examples"]]]

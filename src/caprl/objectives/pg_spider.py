@@ -16,7 +16,8 @@ loss ``sum_t (Q - B_phi)^2`` likewise; ``Q - B`` is a constant for the policy. A
 of a batch are decoded as one batch (``caprl.decoding.rollouts_from_prefixes``), in eval
 mode (no dropout) and without gradient. Where the summary is silent: the roll-outs use the
 same sampling temperature as the sample (1), and the baseline is a 2-layer MLP with a
-ReLU (``baseline_hidden`` units) on the last stage's hidden state.
+ReLU (``baseline_hidden`` units) on the last stage's hidden state (``baseline_hidden: 0``:
+a linear regressor, as MIXER's, :mod:`caprl.objectives.mixer`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ class PGSpiderOptions(Options):
     rollouts: int  # K Monte-Carlo roll-outs per step (paper: 3)
     reward: str  # a name under `rewards:` (cider_d, bcmr, spider, ...)
     baseline_lr: float  # learning rate of the baseline MLP
-    baseline_hidden: int  # hidden units of the baseline MLP
+    baseline_hidden: int  # hidden units of the baseline MLP (0: a linear regressor)
+
+
+def baseline_network(hidden_size: int, baseline_hidden: int) -> nn.Module:
+    """A reward regressor on the RNN hidden state ``[..., H] -> [..., 1]``: a 2-layer MLP with a
+    ReLU of ``baseline_hidden`` units (PG-SPIDEr), or with 0 units a linear regressor (MIXER)."""
+    if baseline_hidden == 0:
+        return nn.Linear(hidden_size, 1)
+    return nn.Sequential(nn.Linear(hidden_size, baseline_hidden), nn.ReLU(), nn.Linear(baseline_hidden, 1))
 
 
 def monte_carlo_q(reward: Callable[[Sequence[int], Sequence[Sequence[str]]], np.ndarray],
@@ -78,9 +87,7 @@ class PGSpider(Objective):
 
     def __init__(self, options: PGSpiderOptions, env: ObjectiveEnv, model: CaptionModel) -> None:
         super().__init__(options, env, model)
-        hidden = model.config.hidden_size
-        self.baseline = nn.Sequential(nn.Linear(hidden, options.baseline_hidden), nn.ReLU(),
-                                      nn.Linear(options.baseline_hidden, 1))
+        self.baseline = baseline_network(model.config.hidden_size, options.baseline_hidden)
 
     def param_groups(self, model: CaptionModel) -> list[dict[str, Any]]:
         return super().param_groups(model) + [

@@ -31,7 +31,8 @@ METRICS = [("B@1", "BLEU-1"), ("B@2", "BLEU-2"), ("B@3", "BLEU-3"), ("B@4", "BLE
 FORMATS = {"md": Table.markdown, "csv": Table.csv, "tex": Table.latex}
 BASELINE_RUN = "most-frequent"  # the trivial baseline's score file (caprl baseline)
 PAPER_DATASET = "coco"  # the papers' dataset: tables show the papers' numbers beside ours
-METHOD_LABELS = {"xe": "XE", "scst": "SCST", "c2f": "C2F", "pg_spider": "PG-SPIDEr", "actor_critic": "actor-critic"}
+METHOD_LABELS = {"xe": "XE", "scst": "SCST", "c2f": "C2F", "pg_spider": "PG-SPIDEr", "actor_critic": "actor-critic",
+                 "mixer": "MIXER"}
 UNAVAILABLE = "unavailable"  # a cell of a run that could not run on this machine
 
 Scores = dict[str, dict[str, Any]]

@@ -1,13 +1,15 @@
 """PG-SPIDEr (Liu et al., ICCV 2017): policy gradient with Monte-Carlo roll-outs, per reward.
 
-For every model with ``pg_spider`` runs on the dataset (models in params order): the
-model's XE run(s), its SCST run(s), then one row per PG-SPIDEr run, named by the run's
-``reward`` option (a key of ``rewards:``: cider_d, bcmr, spider, ...). Columns are
+For every model with ``pg_spider`` or ``mixer`` runs on the dataset (models in params
+order): the model's XE run(s), its SCST run(s), its MIXER run(s) (Ranzato et al. 2016, the
+paper's comparison baseline, labelled as the paper does; the summary gives no MIXER
+numbers), then one row per PG-SPIDEr run, named by the run's ``reward`` option (a key of
+``rewards:``: cider_d, bcmr, spider, ...). Rows are chosen by method, never by run name. Columns are
 BLEU-4, METEOR, ROUGE-L, CIDEr-D, SPICE and SPIDEr = (CIDEr-D + SPICE) / 2, computed here
 from the score file; where SPICE was not computed SPIDEr shows as unavailable (the notes say
 why), never as a number. A PG-SPIDEr run whose reward cannot run on this machine
 (``caprl.rewards.reward_unavailable_reason``; e.g. SPICE without its CoreNLP jars) was
-never trained: without a score file its row says why it is unavailable.
+never trained: without a score file its row says why it is unavailable (MIXER's likewise).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from caprl.tables.render import Cell, Table
 from caprl.tables.runs import select
 
 METHOD = "pg_spider"
-BASELINES = ["xe", "scst"]  # the methods of the rows before a model's PG-SPIDEr rows
+BASELINES = ["xe", "scst", "mixer"]  # the methods of the rows before a model's PG-SPIDEr rows (in this order)
+SHOWN_BY = [METHOD, "mixer"]  # a model with runs of these methods gets its rows
 METRICS = [("B@4", "BLEU-4"), ("M", "METEOR"), ("R", "ROUGE-L"), ("C", "CIDEr-D"), ("S", "SPICE")]
 SPIDER = ("SPIDEr", ("CIDEr-D", "SPICE"))  # column, the metrics averaged
 COLUMNS = [short for short, _ in METRICS] + [SPIDER[0]]
@@ -60,27 +63,32 @@ def model_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str,
     rows = []
     for method in BASELINES:
         views = select(params, dataset, model=model, method=method)
-        rows += [(run_label(v, method_label(method)), row_cells(scores.get(v.name))) for v in views]
+        rows += [run_row(params, scores, v, run_label(v, method_label(method)), notes) for v in views]
         if not views:
             rows.append((f"{model} ({method_label(method)}): no run", row_cells(None)))
-    for view in pg_runs:
-        label = run_label(view, f"{method_label(METHOD)}, {reward_of(view)}")
-        reason = not_trained_reason(params, view, scores)
-        if reason is None:
-            rows.append((label, row_cells(scores.get(view.name))))
-        else:
-            rows.append((label, [Cell(None, missing=UNAVAILABLE) for _ in COLUMNS]))
-            notes.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
+    rows += [run_row(params, scores, v, run_label(v, f"{method_label(METHOD)}, {reward_of(v)}"), notes)
+             for v in pg_runs]
     return rows
+
+
+def run_row(params: dict[str, Any], scores: Scores, view: RunSpec, label: str,
+            notes: list[str]) -> tuple[str, list[Cell]]:
+    """A run's row, or "unavailable" cells (and why, in ``notes``) for a run that could not train here."""
+    reason = not_trained_reason(params, view, scores)
+    if reason is None:
+        return label, row_cells(scores.get(view.name))
+    notes.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
+    return label, [Cell(None, missing=UNAVAILABLE) for _ in COLUMNS]
 
 
 @register_table("pg_spider")
 def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
-    """PG-SPIDEr per reward beside the same model's XE and SCST runs."""
+    """PG-SPIDEr per reward beside the same model's XE, SCST and MIXER runs."""
     table = Table("pg_spider", title(params, dataset, "PG-SPIDEr (Liu et al. 2017) per reward"), list(COLUMNS))
     pg_runs = select(params, dataset, method=METHOD)
     order = {model: i for i, model in enumerate(params["models"])}
-    models = sorted(dict.fromkeys(v.model for v in pg_runs), key=lambda m: order.get(m, len(order)))
+    models = sorted(dict.fromkeys(v.model for m in SHOWN_BY for v in select(params, dataset, method=m)),
+                    key=lambda m: order.get(m, len(order)))
     not_trained: list[str] = []
     for model in models:
         table.rows += model_rows(params, dataset, scores, model, [v for v in pg_runs if v.model == model],
@@ -88,7 +96,9 @@ def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Tab
     shown = {v.name for v in pg_runs} | {v.name for model in models for method in BASELINES
                                           for v in select(params, dataset, model=model, method=method)}
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run. "
-                   "SPIDEr = (CIDEr-D + SPICE) / 2, from the scores; unavailable where SPICE was not computed."]
+                   "SPIDEr = (CIDEr-D + SPICE) / 2, from the scores; unavailable where SPICE was not computed.",
+                   "MIXER = Ranzato et al. 2016 (XE on the first M words, REINFORCE on the rest, M annealed to 0), "
+                   "the paper's comparison baseline; the paper's summary gives no MIXER numbers."]
     if not pg_runs:
         table.notes.append(f"No {METHOD} run trains on {dataset}.")
     table.notes += unavailable_notes({run: s for run, s in scores.items() if run in shown}) + not_trained

@@ -13,12 +13,20 @@ without a run shows as one missing row; several runs of a kind give a row each, 
 * ``sle_table2`` (image) / ``sle_table3`` (video): METEOR, CIDEr-D, SPICE in % of the
   evaluation decoding. On the paper's own dataset (coco for Table 2, tgif for Table 3)
   every cell the paper has a number for carries it, and the paper's prior methods are
-  listed as paper-only rows.
-* ``sle_table4``: precision (CIDEr-D, the mean over an image's captions, in %) and
-  diversity (Div-1, Div-2, mBLEU-4, fractions with 2 decimals as the paper prints them)
-  of 5 random samples (rs) and the top 5 beams (bs) per test image, from the score file's
-  ``diversity`` section; a score file without it shows "not evaluated". Paper numbers on
-  coco, beside the rows of models without attention (the paper's Table 4 is that model).
+  listed as paper-only rows. Where the paper's text and table disagree the notes say so
+  (:func:`caprl.tables.sle_numbers.text_notes`): Table 3 prints its SLL and SLL-ME rows
+  swapped relative to sec. 5.3, so our rows are compared with the text's assignment and the
+  printed rows are listed as "as printed [paper]" rows; Table 2's stated CIDEr gain of
+  SLL-SLE over SLL-ME (1.8) is not the table's (1.6).
+* ``sle_table4``: precision (CIDEr-D in %: rs = the mean over an image's 5 samples, sec.
+  5.4; bs = the top beam's, as the paper's bs CIDEr equal its Table 2) and diversity (Div-1,
+  Div-2, mBLEU-4, fractions with 2 decimals as the paper prints them) of 5 random samples
+  (rs) and the top 5 beams (bs) per test image, from the score file's ``diversity``
+  section; a score file without it shows "not evaluated". A section written before the bs
+  CIDEr-D was the top beam's (no ``settings.precision``: it holds the mean over the beams)
+  shows the run's main beam score where its width is the bs width, else "not evaluated".
+  Paper numbers on coco, beside the rows of models without attention (the paper's Table 4
+  is that model).
 * ``sle_samples``: Fig. 2 / 4, the random samples of XE, SLL and SLL-SLE side by side for
   the same test images, with the images' references.
 """
@@ -29,6 +37,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from caprl.evaluation.diversity import TABLE4_PRECISION
 from caprl.params import RunSpec
 from caprl.tables import sle_numbers as paper
 from caprl.tables.build import (UNAVAILABLE, Scores, degenerate_flags, metric_cells, not_trained_reason,
@@ -158,7 +167,7 @@ def _mcs_table(name: str, number: int, what: str, where: str, prior: list[tuple[
     keys = [short for short, _ in MCS]
     home = dataset == PAPER_DATASETS[name]
     if home:
-        table.rows += paper_only_rows(prior, keys)
+        table.rows += paper_only_rows(prior + paper.printed_rows(number), keys)
     models, not_trained, no_paper = sle_models(params, dataset), [], []
     for model in models:
         attention = has_attention(params, model)
@@ -170,6 +179,8 @@ def _mcs_table(name: str, number: int, what: str, where: str, prior: list[tuple[
             table.rows += with_numbers(rows, numbers.get(attention, {}).get(kind) if home else None, keys)
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run or "
                    "metric. * = a model with attention.", KIND_NOTE, _paper_note(name, dataset, number, where)]
+    if home:
+        table.notes += paper.text_notes(number)
     if no_paper:
         table.notes.append(f"The paper's Table {number} has no such rows: no paper numbers for "
                            f"{', '.join(no_paper)}.")
@@ -188,9 +199,10 @@ def sle_table2(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
 
 @register_table("sle_table3")
 def sle_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
-    """SLE Table 3 (video captioning): SLL, SLL-ME, SLL-SLE per model; the paper's on tgif."""
+    """SLE Table 3 (video captioning): SLL, SLL-ME, SLL-SLE per model; the paper's on tgif, with
+    its SLL and SLL-ME rows as the text assigns them (printed swapped; both shown, a note says so)."""
     return _mcs_table("sle_table3", 3, "video captioning", "TGIF official test split, beam 5",
-                      paper.TABLE3_PRIOR, paper.TABLE3, params, dataset, scores)
+                      paper.TABLE3_PRIOR, paper.TABLE3_TEXT, params, dataset, scores)
 
 
 # ---------------------------------------------------------------- Table 4
@@ -199,21 +211,48 @@ def sle_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
 TABLE4_COLUMNS = [("CIDEr-D", "C", "CIDEr-D", 100.0, 1), ("Div-1", "Div-1", "Div-1", 1.0, 2),
                   ("Div-2", "Div-2", "Div-2", 1.0, 2), ("mBLEU-4", "mBLEU-4", "mBLEU-4", 1.0, 2)]
 TABLE4_KEYS = [key for _, key, _, _, _ in TABLE4_COLUMNS]
+PRECISION_KEY = "CIDEr-D"  # the score-file key of the precision column (reduced per decoding)
+PRECISION_WORDS = {"mean": "the mean over the captions", "top": "the top beam's"}  # caprl.evaluation.diversity
 
 
-def diversity_cells(scores: dict[str, Any] | None, decoding: str) -> list[Cell]:
+def precision_of(scores: dict[str, Any], decoding: str, notes: list[str]) -> float | None:
+    """The decoding's CIDEr-D as the paper reports it (:data:`TABLE4_PRECISION`), or None. A
+    section reduced otherwise (written before ``settings.precision`` existed: the mean over
+    the captions) is replaced, for the top beam, by the run's main score when it is a beam
+    search of the bs width (the same beam search, so the same top beam); a note says so."""
+    section = scores["diversity"]
+    made = (section.get("settings") or {}).get("precision", {}).get(decoding, "mean")
+    wanted = TABLE4_PRECISION[decoding]
+    if made == wanted:
+        return section[decoding].get("CIDEr-D")
+    run, width = scores.get("run", "?"), (section.get("settings") or {}).get("beams")
+    main = scores.get("metrics", {}).get("CIDEr-D")
+    if wanted == "top" and scores.get("decode") == "beam" and scores.get("beam_size") == width and main is not None:
+        notes.append(f"{run}: its {decoding} CIDEr-D is its beam-{width} test CIDEr-D, the top beam's (its older "
+                     f"diversity section holds {PRECISION_WORDS.get(made, made)}).")
+        return float(main)
+    held, needed = PRECISION_WORDS.get(made, made), PRECISION_WORDS.get(wanted, wanted)
+    notes.append(f"{run}: {decoding} CIDEr-D {NOT_EVALUATED}: its diversity section holds {held}, not {needed} "
+                 "(re-run its evaluation).")
+    return None
+
+
+def diversity_cells(scores: dict[str, Any] | None, decoding: str, notes: list[str]) -> list[Cell]:
     """One decoding's precision and diversity; — for a missing run, "not evaluated" for a score
     file without that part of the diversity section (never a number)."""
     section = None if scores is None else (scores.get("diversity") or {}).get(decoding) or {}
     flags = degenerate_flags(scores)
     cells: list[Cell] = []
     for _, _, key, scale, decimals in TABLE4_COLUMNS:
+        value = None if section is None or key not in section else section[key]
+        if value is not None and key == PRECISION_KEY:
+            value = precision_of(scores or {}, decoding, notes)
         if section is None:
             cells.append(Cell(None, decimals=decimals))
-        elif key not in section:
+        elif value is None:
             cells.append(Cell(None, missing=NOT_EVALUATED, decimals=decimals))
         else:
-            cells.append(Cell(scale * section[key], decimals=decimals, flags=flags))
+            cells.append(Cell(scale * value, decimals=decimals, flags=flags))
     return cells
 
 
@@ -242,18 +281,21 @@ def sle_table4(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
                   [column for column, *_ in TABLE4_COLUMNS])
     home = dataset == PAPER_DATASETS["sle_table4"]
     not_trained: list[str] = []
+    precision_notes: list[str] = []
     for model in models:
         numbers = home and not has_attention(params, model)
         for decoding in DECODINGS:
             for kind in TABLE4_KINDS:
                 rows = kind_rows(params, dataset, scores, model, kind, f"{kind_label(params, model, kind)}, {decoding}",
-                                 lambda s, d=decoding: diversity_cells(s, d), not_trained)
+                                 lambda s, d=decoding: diversity_cells(s, d, precision_notes), not_trained)
                 table.rows += with_numbers(rows, paper.TABLE4[kind, decoding] if numbers else None, TABLE4_KEYS)
     if home:
         table.rows += [(f"{label} [paper]", [Cell(None, row.get(key), decimals=decimals)
                                              for _, key, _, _, decimals in TABLE4_COLUMNS])
                        for label, row in paper.TABLE4_REFERENCE]
-    table.notes = [f"CIDEr-D in % (official implementation), the mean over an image's captions; Div-1, Div-2 "
+    table.notes = [f"CIDEr-D in % (official implementation): rs = the mean over an image's {samples} samples (paper "
+                   f"sec. 5.4), bs = the top beam's (the paper's bs CIDEr equal its Table 2, beam 5: the run's "
+                   f"test CIDEr-D where it is decoded by beam {beams}); Div-1, Div-2 "
                    f"(higher = more diverse) and mBLEU-4 (lower = more diverse) as fractions; rs = "
                    f"{DECODINGS['rs']}, bs = {DECODINGS['bs']}. — = missing run; {NOT_EVALUATED} = a score file "
                    "without the diversity section (evaluated before it existed). * = a model with attention.",
@@ -263,7 +305,7 @@ def sle_table4(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
                            "SLL rows without *): rows of models with attention carry no paper numbers.")
     if not models:
         table.notes.append(f"No sll / sll_sle run trains on {dataset}.")
-    table.notes += settings_notes + list(dict.fromkeys(not_trained))  # a run's rs and bs rows: one note
+    table.notes += settings_notes + list(dict.fromkeys(precision_notes + not_trained))  # one per run
     return table
 
 

@@ -18,6 +18,16 @@ absent from its row.
 
 Our rows are keyed by row kind (see :data:`caprl.tables.sle.ROW_KINDS`): ``xe``, ``sll``,
 ``sll_me``, ``sll_sle``; Tables 2-3 also by attention (True = the paper's * rows).
+
+Where the text and the tables disagree (:data:`TEXT_GAINS`, the differences the text states):
+
+* Table 3 as printed (:data:`TABLE3`) has its SLL and SLL-ME rows swapped relative to sec.
+  5.3, which says "SLL-ME performs worse than SLL on all metrics" and "SLL-SLE improves over
+  SLL by 0.6 on Meteor, 2.7 on CIDEr and 0.6 on SPICE": both hold with the rows exchanged
+  (SLL-SLE minus the printed SLL-ME row is 0.6 / 2.7 / 0.6). :data:`TABLE3_TEXT` is the
+  text-consistent assignment, which our rows are compared with; the printed rows are shown too.
+* Table 2: sec. 5.2 gives SLL-SLE's CIDEr gain over SLL-ME as 1.8, the table 117.2 - 115.6 =
+  1.6 (its other stated gains match). We keep the table's numbers.
 """
 
 from __future__ import annotations
@@ -97,3 +107,84 @@ TABLE1: dict[str, Row] = {
     "xe": _row(_T4, 74.2, 0.57, 0.78, 0.06),
     "sll": _row(_T4, 114.6, 0.25, 0.32, 0.81),
 }
+
+#: The text's row names (our row kinds).
+LABELS: dict[str, str] = {"xe": "XE", "sll": "SLL", "sll_me": "SLL-ME", "sll_sle": "SLL-SLE"}
+
+#: Differences between rows the text states, per table: (row kind, minus row kind, {metric:
+#: difference}, where). Table 2 (no attention): sec. 5.2, "The improvement of SLL-SLE over
+#: SLL-ME on all metrics (Meteor: 0.2, CIDEr: 1.8, SPICE: 0.2) is much larger than the
+#: improvement of SLL-ME over SLL on all metrics (Meteor: 0.0, CIDEr: 0.6, SPICE: 0.1)";
+#: Table 3: sec. 5.3, "SLL-SLE improves over SLL by 0.6 on Meteor, 2.7 on CIDEr and 0.6 on SPICE".
+TEXT_GAINS: dict[int, list[tuple[str, str, Row, str]]] = {
+    2: [("sll_sle", "sll_me", _row(_MCS, 0.2, 1.8, 0.2), "sec. 5.2"),
+        ("sll_me", "sll", _row(_MCS, 0.0, 0.6, 0.1), "sec. 5.2")],
+    3: [("sll_sle", "sll", _row(_MCS, 0.6, 2.7, 0.6), "sec. 5.3")],
+}
+
+#: Tables whose rows are printed under each other's name: table -> (row kind, row kind, what
+#: the text says). Table 3: sec. 5.3 says SLL-ME is worse than SLL, and its stated SLL-SLE
+#: gains over SLL are those over the printed SLL-ME row.
+SWAPPED: dict[int, tuple[str, str, str]] = {
+    3: ("sll", "sll_me", '"SLL-ME performs worse than SLL on all metrics" (sec. 5.3)'),
+}
+PRINTED: dict[int, dict[bool, dict[str, Row]]] = {2: TABLE2, 3: TABLE3}
+
+
+def text_consistent(number: int) -> dict[bool, dict[str, Row]]:
+    """Table ``number``'s rows with the text's assignment (:data:`SWAPPED` rows exchanged)."""
+    table = PRINTED[number]
+    if number not in SWAPPED:
+        return table
+    a, b, _ = SWAPPED[number]
+    return {att: {**rows, a: rows[b], b: rows[a]} for att, rows in table.items()}
+
+
+#: Table 3 with the text-consistent assignment: the printed SLL row is SLL-ME and vice versa.
+TABLE3_TEXT = text_consistent(3)
+
+
+def _mcs(row: Row) -> str:
+    return " / ".join(f"{row[k]:.1f}" if k in row else "NA" for k in _MCS.split())
+
+
+def gain_mismatches(table: dict[str, Row], number: int) -> list[tuple[str, str, str, float, float, str]]:
+    """The differences the text states for Table ``number`` that ``table`` (row kind -> row)
+    does not give: (row kind, minus row kind, metric, stated, table's, where), to 0.05."""
+    out = []
+    for better, worse, gains, where in TEXT_GAINS.get(number, []):
+        for metric, stated in gains.items():
+            got = round(table[better][metric] - table[worse][metric], 1)
+            if abs(got - stated) > 0.05:
+                out.append((better, worse, metric, stated, got, where))
+    return out
+
+
+def text_notes(number: int) -> list[str]:
+    """Where the paper's text and its Table ``number`` (rows without attention) disagree, in words."""
+    printed, text = PRINTED[number][False], text_consistent(number)[False]
+    notes = []
+    if number in SWAPPED:
+        a, b, said = SWAPPED[number]
+        gains = "".join(f' and "{LABELS[x]} improves over {LABELS[y]} by" {_mcs(row)} ({where}; the printed '
+                        f"{LABELS[x]} minus the printed {LABELS[{a: b, b: a}.get(y, y)]} row)"
+                        for x, y, row, where in TEXT_GAINS.get(number, []))
+        notes.append(f"The paper's Table {number} prints {LABELS[a]} {_mcs(printed[a])} and {LABELS[b]} "
+                     f"{_mcs(printed[b])} (M / C / S), but its text says {said}{gains}: the printed {LABELS[a]} "
+                     f"and {LABELS[b]} rows are swapped. The paper numbers beside our rows "
+                     f"follow the text ({LABELS[a]} {_mcs(text[a])}, {LABELS[b]} {_mcs(text[b])}); the rows "
+                     "'as printed [paper]' show the table as printed.")
+    metrics = {"M": "METEOR", "C": "CIDEr", "S": "SPICE"}
+    notes += [f"The paper's text ({where}) gives {LABELS[x]} over {LABELS[y]} {metrics[metric]} {stated:+.1f}; its "
+              f"Table {number} gives {text[x][metric]:.1f} - {text[y][metric]:.1f} = {got:+.1f} (the table's numbers "
+              "are shown)." for x, y, metric, stated, got, where in gain_mismatches(text, number)]
+    return notes
+
+
+def printed_rows(number: int) -> list[tuple[str, Row]]:
+    """The rows of Table ``number`` that the text assigns otherwise, as printed and named both ways."""
+    if number not in SWAPPED:
+        return []
+    a, b, _ = SWAPPED[number]
+    printed = PRINTED[number][False]
+    return [(f"{LABELS[x]}, as printed ({LABELS[y]} by the text)", printed[x]) for x, y in ((a, b), (b, a))]
