@@ -31,6 +31,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/tuning.smk"
 
 
 rule all_tables:
@@ -38,6 +39,11 @@ rule all_tables:
     input:
         TABLE_FILES,
         FIGURE_FILES,
+
+
+rule tuning:  # each tuned run's options chosen on the validation split (tuning: in params.yaml)
+    input:
+        TUNING_FILES,
 
 
 # One METEOR JVM for all the jobs of a local run (caprl.metrics.meteor_server): each

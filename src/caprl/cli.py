@@ -30,6 +30,7 @@ STAGES: dict[str, tuple[str, str]] = {
                   "paper 004: rank every image of the split by a run's captions with its own listener (recall@K)"),
     "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
     "tables": ("caprl.tables.build", "build the result tables (Markdown, CSV, LaTeX)"),
+    "tune-report": ("caprl.tuning", "choose each tuned run's options by its tuning points' validation scores"),
     "attention-figure": ("caprl.figures.attention", "Stack-Cap Fig. 3: every stage's caption with its attention maps (PNG)"),
     "psst-figures": ("caprl.figures.discriminative",
                      "paper 004 Figs. 3-4: recall@10 against each language metric, and against rho (PNG)"),

@@ -78,7 +78,7 @@ def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
     if not isinstance(params, dict):
         raise CaprlError(f"{p}: expected a mapping of sections at the top level")
     validate(params, find_schema(p), source=str(p))
-    params = expand_sweeps(params)
+    params = expand_tuning(expand_sweeps(params))
     check(params)
     return params
 
@@ -86,6 +86,7 @@ def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
 # -- sweeps: one run per point ------------------------------------------------------------------
 
 SWEPT_FROM = "swept_from"  # key of an expanded point: the params.yaml run it comes from
+TUNED_FROM = "tuned_from"  # key of a tuning point: the run whose options it tries (tuning:)
 
 
 def point_name(run: str, point: dict[str, Any]) -> str:
@@ -139,6 +140,61 @@ def expand_sweeps(params: dict[str, Any]) -> dict[str, Any]:
         datasets[name] = spec
     out["datasets"] = datasets
     return out
+
+
+def _axes(lists: dict[str, Any], grid: dict[str, Any], key: str) -> dict[str, list[Any]]:
+    """Option -> its values (a list, or the name of one under ``sweeps:``)."""
+    axes = {}
+    for option, values in grid.items():
+        if isinstance(values, str):
+            if values not in lists:
+                raise CaprlError(f"{key}.{option}: '{values}' is not a list under sweeps: ({', '.join(lists) or 'none'})")
+            values = lists[values]
+        axes[option] = list(values)
+    return axes
+
+
+def expand_tuning(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with one extra run per point of ``tuning.runs.<run>`` (the product of its option
+    lists on top of the run's options), named ``<run>-tune-<option><value>...``: training jobs
+    whose best validation score chooses the run's values (``snakemake tuning``, caprl.tuning);
+    they are never evaluated on test. Every tuned run must have ``tuning.budget`` points, so
+    the methods a table compares get the same tuning budget. Idempotent; run after
+    :func:`expand_sweeps` (a swept point may be tuned by its point name)."""
+    import itertools
+
+    tuning = params.get("tuning") or {}
+    grids = tuning.get("runs") or {}
+    runs = params["runs"]
+    if not grids or any(TUNED_FROM in entry for entry in runs.values()):
+        return params
+    expanded, points_of = dict(runs), {}
+    for run, grid in grids.items():
+        if run not in runs:
+            raise CaprlError(f"tuning.runs.{run}: {_unknown_run(params, run)}")
+        axes = _axes(params.get("sweeps", {}), grid, f"tuning.runs.{run}")
+        combos = list(itertools.product(*axes.values()))
+        if len(combos) != tuning["budget"]:
+            raise CaprlError(f"tuning.runs.{run}: {len(combos)} points, but tuning.budget is {tuning['budget']}: "
+                             "every tuned run gets the same number of points, so that the methods compared had "
+                             "the same tuning budget")
+        entry = {k: v for k, v in runs[run].items() if k != "decode"}
+        points_of[run] = []
+        for combo in combos:
+            point = dict(zip(axes, combo))
+            name = point_name(f"{run}-tune", point)
+            expanded[name] = {**entry, "options": {**entry.get("options", {}), **point}, TUNED_FROM: run}
+            points_of[run].append(name)
+    out = dict(params)
+    out["runs"] = expanded
+    out["datasets"] = {name: ({**spec, "runs": [p for r in spec["runs"] for p in [r, *points_of.get(r, [])]]}
+                              if "runs" in spec else spec) for name, spec in params["datasets"].items()}
+    return out
+
+
+def compared_runs(params: dict[str, Any]) -> list[str]:
+    """The runs the tables compare: every run but the tuning points."""
+    return [run for run, entry in params["runs"].items() if TUNED_FROM not in entry]
 
 
 # -- what the schema cannot say: names that refer to other sections -------------------------

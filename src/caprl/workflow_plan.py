@@ -69,6 +69,7 @@ CURVES_OVERVIEW = "results/figures/{dataset}/curves_val_cider.png"
 TABLES_DIR = "results/tables"
 TABLE = "results/tables/{dataset}_{table}.{ext}"
 TABLE_FORMATS = ("md", "csv", "tex")
+TUNING = "results/tuning/{dataset}.{ext}"  # `caprl tune-report`: every tuning point's validation score, the choice
 BASELINE_RUN = "most-frequent"
 CPU_BACKBONES = ("patches", "tinycnn")  # the built-in cheap backbones: their feature jobs ask for no GPU
 # Stack-Cap Fig. 3 is drawn from the first (enabled, not skipped) run of this method and arch.
@@ -157,6 +158,7 @@ class TrainJob:
     spec: RunSpec
     captioner: bool
     retrieval: bool = False  # a captioner whose run holds a listener: ranked by the retrieval stage
+    tuning: bool = False  # a point of tuning: (trained for its validation score only: never evaluated)
 
     @property
     def run(self) -> str:
@@ -202,7 +204,21 @@ class Plan:
         return self.jobs[(dataset, run)]
 
     def trained(self, dataset: str) -> list[TrainJob]:
-        return [job for (ds, _), job in self.jobs.items() if ds == dataset]
+        """The dataset's training jobs that ``all_tables`` builds (every job but the tuning points)."""
+        return [job for (ds, _), job in self.jobs.items() if ds == dataset and not job.tuning]
+
+    def tuning_points(self, dataset: str) -> dict[str, list[TrainJob]]:
+        """Tuned run -> its tuning points' jobs on ``dataset`` (``tuning.runs``; ``snakemake tuning``)."""
+        out: dict[str, list[TrainJob]] = {}
+        for (ds, _), job in self.jobs.items():
+            if ds == dataset and job.tuning:
+                out.setdefault(self.params["runs"][job.run][params_mod.TUNED_FROM], []).append(job)
+        return out
+
+    def tuning_files(self) -> list[str]:
+        """The tuning reports (one per dataset with tuning points): the ``tuning`` target."""
+        return [TUNING.format(dataset=ds, ext=ext) for ds in self.datasets if self.tuning_points(ds)
+                for ext in ("md", "json")]
 
     def retrieved(self, dataset: str) -> list[TrainJob]:
         """The evaluated jobs whose checkpoint holds a listener (paper 004's methods)."""
@@ -271,7 +287,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
     """The plan of a validated params dict; CaprlError naming the key for a bad reference."""
     from caprl.data.readers import build_reader
 
-    params = params_mod.expand_sweeps(params)
+    params = params_mod.expand_tuning(params_mod.expand_sweeps(params))
     params_mod.check(params)
     datasets = {}
     for name in params_mod.enabled_datasets(params):
@@ -288,7 +304,8 @@ def build_plan(params: dict[str, Any]) -> Plan:
         for dataset in spec.datasets:
             if reason is None:
                 captioner, retrieval = _roles(run, spec.method)
-                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval)
+                tuning = params_mod.TUNED_FROM in params["runs"][run]
+                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval, tuning)
             else:
                 plan.skipped[(dataset, run)] = reason
     _check_init_models(plan)

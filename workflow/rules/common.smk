@@ -25,7 +25,8 @@ EVAL_SPLIT = config["evaluate"]["split"]
 TABLE_FILES = PLAN.table_files()
 TABLE_NAMES = sorted({table for ds in DATASETS for table in PLAN.tables(ds)})
 FIGURE_FILES = [path for ds in DATASETS for path in PLAN.attention_pngs(ds) + PLAN.psst_pngs(ds) + PLAN.curve_files(ds)]
-RUNS = PLAN.params["runs"]  # runs: with every sweep expanded into its points
+RUNS = {run: PLAN.params["runs"][run] for run in params_mod.compared_runs(PLAN.params)}  # sweeps expanded
+TUNING_FILES = PLAN.tuning_files()
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches and tinycnn on CPU.
 TRAIN_GPUS = config["train"]["gpus"]
@@ -109,6 +110,16 @@ def run_settings(wildcards):
     return {"spec": vars(spec), "model": config["models"][spec.model], "train": config["train"],
             "decode": config["decode"], "seed": config["seed"], "dataset": config["datasets"][wildcards.dataset],
             "reward": config["rewards"][reward] if reward else None}
+
+
+def tuning_histories(wildcards):
+    """The histories of the dataset's tuning points (tuning.runs)."""
+    return [job.history for jobs in PLAN.tuning_points(wildcards.dataset).values() for job in jobs]
+
+
+def tuning_settings(wildcards):
+    """What the tuning report depends on besides the histories: the grids and the runs' values."""
+    return {"tuning": config.get("tuning"), "runs": {run: config["runs"].get(run) for run in config.get("tuning", {}).get("runs", {})}}
 
 
 def table_scores(wildcards):

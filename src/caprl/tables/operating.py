@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from caprl.errors import CaprlError
-from caprl.params import RunSpec, run_spec
+from caprl.params import RunSpec, compared_runs, run_spec
 
 Curve = list[tuple[float, float]]
 
@@ -126,7 +126,7 @@ def point_values(report: dict[str, Any] | None) -> dict[str, float]:
 
 def family_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
     """The runs of paper 004's captioning methods (and frozen-speaker ablations) on the dataset."""
-    specs = [run_spec(params, run) for run in params["runs"]]
+    specs = [run_spec(params, run) for run in compared_runs(params)]
     return [s for s in specs if s.method in FAMILY and dataset in s.datasets]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from caprl.params import RunSpec, run_spec
+from caprl.params import RunSpec, compared_runs, run_spec
 
 
 def is_captioner(spec: RunSpec) -> bool:
@@ -22,7 +22,7 @@ def is_captioner(spec: RunSpec) -> bool:
 
 def dataset_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
     """The captioner runs that train on ``dataset``, in params order."""
-    specs = [run_spec(params, run) for run in params["runs"]]
+    specs = [run_spec(params, run) for run in compared_runs(params)]
     return [s for s in specs if dataset in s.datasets and is_captioner(s)]
 
 
