@@ -12,9 +12,9 @@ from caprl import decoding
 from caprl.objectives import build_objective
 from caprl.objectives.sle import diversity_weights, pairwise_distances, sample_weights
 from test_objectives import redraw, setup
-from toy import count_red, decode
+from toy import CONSTANT_LR, count_red, decode
 
-SLL = {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0}
+SLL = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 3, "reward": "count_red", "temperature": 1.0}
 
 
 def test_eq16_weights_on_a_hand_worked_example() -> None:
