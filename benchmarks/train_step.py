@@ -43,11 +43,13 @@ CAPTIONS = REPO / "../shared/data/coco/karpathy_val5k_captions.json"
 N_TRAIN, PER_IMAGE, MIN_COUNT, MAX_LENGTH = 4500, 5, 5, 16
 DIM, REGIONS, SIZE = 2048, 36, 512
 CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown", "sll_sle-fc", "sll_sle-topdown")
+CONSTANT_LR = {"lr_decay_every": 0, "lr_decay_rate": 1.0}
 OPTIONS = {
-    "xe": {"lr": 5e-4, "epochs": 1},
-    "scst": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "entropy": 0.0},
-    "sll_sle": {"lr": 5e-5, "epochs": 1, "n_samples": 5, "reward": "cider_d", "temperature": 1.0, "alpha": 0.75,
-                "diversity": "pairwise"},
+    "xe": {"lr": 5e-4, "epochs": 1, **CONSTANT_LR},
+    "scst": {"lr": 5e-5, "epochs": 1, **CONSTANT_LR, "n_samples": 5, "reward": "cider_d", "temperature": 1.0,
+             "entropy": 0.0},
+    "sll_sle": {"lr": 5e-5, "epochs": 1, **CONSTANT_LR, "n_samples": 5, "reward": "cider_d", "temperature": 1.0,
+                "alpha": 0.75, "diversity": "pairwise"},
 }
 
 

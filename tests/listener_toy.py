@@ -13,14 +13,14 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
 from caprl.retrieval import ListenerConfig
-from toy import WORDS, count_red, decode
+from toy import CONSTANT_LR, WORDS, count_red, decode
 
 FEAT = 5
 CONFIG = ListenerConfig(word_size=8, hidden_size=12, margin=0.2)
 # the 4 kinds of toy image and their caption: "a red circle", "a red square", "a blue circle", "a blue square"
 CAPTIONS = [[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0]]
 
-BASE = {"lr": 1e-2, "epochs": 1}
+BASE = {"lr": 1e-2, "epochs": 1, **CONSTANT_LR}
 JOINT = {**BASE, "lam": 0.5, "n_samples": 2, "reward": "count_red"}
 TRAINED = {**JOINT, "listener_lr": 1e-2}
 ST = {**TRAINED, "tau": 1.0}

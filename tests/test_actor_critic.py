@@ -5,10 +5,10 @@ and Table 1 (ac_table1)."""
 from __future__ import annotations
 
 import re
-import signal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,54 +20,30 @@ from caprl.lookahead import lookahead_search
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
 from caprl.objectives.actor_critic import advantages
+from caprl.objectives.discriminative import speaker_samples
 from caprl.objectives.value import ValueNetwork, embedding_reward, value_from_checkpoint
 from caprl.retrieval import Listener, ListenerConfig
 from caprl.tables import ac_numbers as paper
 from caprl.tables.actor_critic import ac_table1
 from caprl.tables.render import Cell, Table
 from conftest import REPO, default_params
-from toy import WORDS, count_red, decode
+from toy import CAPTIONS, CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode, toy_trainer
+from toy import fit as toy_fit
 
 PAPER_TEXT = REPO.parent / "shared" / "papers" / "003_45a29dab880026f9.txt"
-FEAT = 5
 CONFIG = ListenerConfig(word_size=8, hidden_size=12, margin=0.2)
-CAPTIONS = [[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0]]  # a red circle, a red square, ...
-VALUE = {"lr": 1e-2, "epochs": 1, "n_samples": 2, "reward": "count_red", "cider_weight": 0.0, "value_hidden": 8,
-         "value_mlp": [8, 4]}
+VALUE = {"lr": 1e-2, "epochs": 1, **CONSTANT_LR, "n_samples": 2, "reward": "count_red", "cider_weight": 0.0,
+         "value_hidden": 8, "value_mlp": [8, 4]}
 AC = {**VALUE, "value_lr": 1e-2}
 
 
-class ToyData:
-    """Image i is of kind i % 4 (pooled: that kind's one-hot plus noise), two gold captions each.
-    Train ids 0..15, val ids 100..107."""
-
-    def split_ids(self, split: str) -> list[int]:
-        return list(range(16)) if split == "train" else list(range(100, 108))
-
-    def features_of(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled, regions = [], []
-        for i in ids:
-            gen = torch.Generator().manual_seed(i)
-            pooled.append(F.one_hot(torch.tensor(i % 4), FEAT).float() + 0.1 * torch.randn(FEAT, generator=gen))
-            regions.append(torch.randn(3, FEAT, generator=gen))
-        return torch.stack(pooled), torch.stack(regions)
-
-    def batch(self, ids: list[int]) -> Batch:
-        pooled, regions = self.features_of(ids)
-        labels = torch.tensor([CAPTIONS[i % 4] for i in ids for _ in range(2)])
-        return Batch(list(ids), pooled, regions, labels, torch.arange(len(ids)).repeat_interleave(2))
-
-    def decode(self, tokens: torch.Tensor) -> list[list[str]]:
-        return decode(tokens)
-
-
 def make(method: str, options: dict[str, Any] | None = None, seed: int = 0, where: str = "objective",
-         exact: bool = False) -> tuple[Any, Objective, Batch]:
+         exact: bool = False, dropout: float = 0.0, reward: Any = count_red) -> tuple[Any, Objective, Batch]:
     """The method's objective on a tiny fc model, its options the defaults above with ``options``
     on top (``exact``: ``options`` alone), and a toy batch with its noise."""
     torch.manual_seed(seed)
-    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), FEAT, 3)
-    env = ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6,
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": dropout}, len(WORDS), FEAT, 3)
+    env = ObjectiveEnv(decode_words=decode, reward=lambda name: reward, max_length=6,
                        extras={"listener": CONFIG, "feat_dim": FEAT, "seed": 0})
     base = VALUE if method == "value" else AC
     objective = build_objective(method, dict(options or {}) if exact else {**base, **(options or {})}, env, model,
@@ -159,29 +135,9 @@ def test_actor_critic_reward_mixes_cider_with_the_embedding() -> None:
     torch.testing.assert_close(got, 0.75 * emb + 0.25 * torch.tensor([1.0, 2.0, 0.0, 0.0]))
 
 
-class NullTracker:
-    run_id = ""
-
-    def log_metrics(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 def fit(objective: Objective, model: Any, state_dir: Path, epochs: int = 2) -> list[dict[str, Any]]:
     """The real trainer on the toy data (8 images a batch)."""
-    from caprl.training.loop import LoopConfig, RunMeta, Trainer
-
-    loop = LoopConfig(epochs=epochs, lr=objective.options.lr, batch_size=8, grad_clip=2.0, checkpoint_every=100,
-                      log_every=100, max_length=6, seed=0)
-    meta = RunMeta(arch="fc", run={"name": objective.name, "method": objective.name}, vocab_sha256="toy",
-                   config_hash=objective.name)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        trainer = Trainer(model, objective, ToyData(), loop, lambda m: {"CIDEr-D": 0.0}, state_dir, meta,
-                          NullTracker())
-        return trainer.fit(ToyData().split_ids("train")).history
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    return toy_fit(toy_trainer(objective, model, state_dir, epochs))
 
 
 def test_value_pretraining_trains_the_value_network_only_then_actor_critic_starts_from_it(tmp_path: Path) -> None:
@@ -206,6 +162,69 @@ def test_value_pretraining_trains_the_value_network_only_then_actor_critic_start
     _, small, _ = make("actor_critic", {"value_hidden": 6}, where="runs.fc-actor_critic")
     with pytest.raises(CaprlError, match=r"runs\.fc-actor_critic: .*value_hidden 6.*value_hidden 8"):
         small.value.load_state_dict(best.modules["value"].state)
+
+
+class Said:
+    """A language reward that keeps the captions it scores (so a test sees what an objective sampled)."""
+
+    def __init__(self) -> None:
+        self.captions: list[list[str]] = []
+
+    def __call__(self, image_ids: Any, captions: Any) -> np.ndarray:
+        self.captions.append([" ".join(c) for c in captions])
+        return np.zeros(len(captions))
+
+
+def test_value_pretraining_samples_the_captions_actor_critic_samples_in_train_mode() -> None:
+    """The value network is fitted on the states actor-critic uses it on: the frozen policy's
+    captions sampled in train mode (dropout on) with the trainer's noise, the very captions
+    actor-critic samples from the same weights, noise and RNG state; not the eval-mode ones."""
+    said = Said()
+    options = {"cider_weight": 0.5, "n_samples": 3}  # the mixed reward reads (and keeps) every caption
+    model, pretraining, _ = make("value", options, dropout=0.5, reward=said)
+    actor_critic = build_objective("actor_critic", {**AC, **options}, pretraining.env, model)
+    batch = ToyData().batch(list(range(16)))
+    for objective in (pretraining, actor_critic):
+        model.train()  # as the trainer does before every step
+        objective.train()
+        batch.noise = decoding.Noise(seed=0, step=3, total=16)  # the trainer's noise of step 3
+        torch.manual_seed(11)  # the dropout masks
+        objective.loss(model, batch)
+    fitted_on, used_on = said.captions
+    batch.noise = decoding.Noise(seed=0, step=3, total=16)
+    torch.manual_seed(11)
+    eval_mode = decode(speaker_samples(model, batch, 3, 6).last_stage())
+    assert fitted_on == used_on
+    assert [" ".join(c) for c in eval_mode] != used_on  # dropout changes the captions: the modes differ here
+    assert model.training  # the policy's mode is the trainer's
+
+
+def test_value_validation_is_the_same_every_epoch_and_leaves_the_training_rng_alone() -> None:
+    """Validation samples in train mode too, with fixed dropout masks: two calls agree whatever
+    the RNG state, and the training's RNG state is untouched."""
+    model, pretraining, _ = make("value", dropout=0.5)
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    first = pretraining.validation(model, ToyData())
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(123)
+    assert pretraining.validation(model, ToyData()) == first
+
+
+def test_actor_critic_decays_both_rates_by_0_9_every_two_epochs(tmp_path: Path) -> None:
+    """Paper 003 sec. 4.1 (params.yaml's actor_critic defaults): the policy's rate and the value
+    network's are both x0.9 every two epochs; the history records the policy's."""
+    defaults = default_params()["objectives"]["actor_critic"]
+    decay = {k: defaults[k] for k in ("lr_decay_every", "lr_decay_rate")}
+    assert decay == {"lr_decay_every": 2, "lr_decay_rate": 0.9}
+    model, objective, _ = make("actor_critic", {**decay, "lr": 1e-2, "value_lr": 4e-3})
+    trainer = toy_trainer(objective, model, tmp_path, epochs=5)
+    seen: list[list[float]] = []
+    trainer.optimizer.register_step_pre_hook(lambda opt, *_: seen.append([g["lr"] for g in opt.param_groups]))
+    history = toy_fit(trainer)
+    factors = [0.9 ** (epoch // 2) for epoch in range(5)]  # 1, 1, 0.9, 0.9, 0.81
+    assert [h["lr"] for h in history] == [1e-2 * f for f in factors]
+    assert seen == [[1e-2 * f, 4e-3 * f] for f in factors for _step in range(2)]  # two steps an epoch
 
 
 @pytest.mark.parametrize("options, key", [

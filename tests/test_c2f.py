@@ -11,7 +11,7 @@ from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.c2f import c2f_advantages
-from toy import WORDS, count_red, decode
+from toy import CONSTANT_LR, WORDS, count_red, decode
 
 
 def length(image_ids, captions) -> np.ndarray:
@@ -47,7 +47,7 @@ def test_advantages_by_hand() -> None:
 def test_loss_equals_the_hand_computed_value() -> None:
     model, batch, env = setup()
     n = 3
-    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "n_samples": n, "reward": "length", "temperature": 1.0}, env, model)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": n, "reward": "length", "temperature": 1.0}, env, model)
     torch.manual_seed(11)
     loss, metrics = objective.loss(model, batch)
     # recompute with the same random stream: greedy in eval mode, samples in train mode
@@ -75,7 +75,7 @@ def test_loss_equals_the_hand_computed_value() -> None:
 @pytest.mark.parametrize("arch", ["stackcap", "stackcap_star"])
 def test_gradients_reach_every_fine_stage_and_the_coarse_lstm_only_through_them(arch: str) -> None:
     model, batch, env = setup(arch, dropout=0.0)
-    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "n_samples": 4, "reward": "length", "temperature": 1.0}, env, model)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "length", "temperature": 1.0}, env, model)
     torch.manual_seed(5)
     loss, _ = objective.loss(model, batch)
     loss.backward()
@@ -94,7 +94,7 @@ def test_coarse_stage_gets_no_gradient_from_its_own_samples() -> None:
     model, batch, env = setup(dropout=0.0)
     coarse = model.coarse
     model.coarse = _Detached(coarse)
-    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "n_samples": 4, "reward": "length", "temperature": 1.0}, env, model)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "length", "temperature": 1.0}, env, model)
     torch.manual_seed(5)
     loss, _ = objective.loss(model, batch)
     loss.backward()
@@ -117,7 +117,7 @@ class _Detached(torch.nn.Module):
 def test_c2f_raises_the_fine_stages_reward() -> None:
     """C2F steps on the toy reward make the last stage's greedy caption say 'red' more."""
     model, batch, env = setup(dropout=0.0)
-    objective = build_objective("c2f", {"lr": 1e-2, "epochs": 1, "n_samples": 4, "reward": "count_red", "temperature": 1.0}, env, model)
+    objective = build_objective("c2f", {"lr": 1e-2, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "count_red", "temperature": 1.0}, env, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
     first = None
@@ -133,11 +133,11 @@ def test_c2f_raises_the_fine_stages_reward() -> None:
 def test_c2f_needs_a_multi_stage_model_and_known_options() -> None:
     model, batch, env = setup("stackcap")
     fc = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), 5, 4)
-    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, "reward": "length", "n_samples": 1, "temperature": 1.0}, env, model)
+    objective = build_objective("c2f", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "reward": "length", "n_samples": 1, "temperature": 1.0}, env, model)
     with pytest.raises(CaprlError, match="multi-stage"):
         objective.loss(fc, batch)
     with pytest.raises(CaprlError, match="beta"):
-        build_objective("c2f", {"lr": 1e-3, "epochs": 1, "beta": 2, "n_samples": 1, "reward": "cider_d", "temperature": 1.0}, env, model)
+        build_objective("c2f", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "beta": 2, "n_samples": 1, "reward": "cider_d", "temperature": 1.0}, env, model)
 
 
 def test_a_batch_split_over_two_processes_gives_the_one_process_gradient() -> None:
@@ -145,7 +145,7 @@ def test_a_batch_split_over_two_processes_gives_the_one_process_gradient() -> No
     from caprl.decoding import Noise
 
     model, batch, env = setup(dropout=0.0)
-    options = {"lr": 1e-3, "epochs": 1, "n_samples": 2, "reward": "length", "temperature": 1.0}
+    options = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 2, "reward": "length", "temperature": 1.0}
     counts: list[torch.Tensor] = []
 
     def record(x: torch.Tensor) -> torch.Tensor:

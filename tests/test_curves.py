@@ -20,22 +20,28 @@ from caprl.figures import curves
 DATASET = "shapes"
 
 
-def history(run: str, epochs: int, val: dict[str, float] | None = None, nan_epoch: int | None = None) -> dict[str, Any]:
-    """A history as `caprl train` writes it; ``val``: metric -> first value (grows by 0.01 per epoch)."""
+def history(run: str, epochs: int, val: dict[str, float] | None = None, nan_epoch: int | None = None,
+            start: float | None = None) -> dict[str, Any]:
+    """A history as `caprl train` writes it; ``val``: metric -> first value (grows by 0.01 per epoch);
+    ``start``: a run with an init, its epoch 0 (the starting weights) scoring ``start`` on every metric."""
     records = []
+    if start is not None:
+        records.append({"epoch": 0, "step": 0, "train_loss": None, "step_losses": [], "start": True, "seconds": 0.5,
+                        **{f"val_{k}": start for k in (val or {})}})
     for e in range(1, epochs + 1):
         loss = float("nan") if e == nan_epoch else 3.0 / e + 0.001 * e
-        records.append({"epoch": e, "step": 4 * e, "train_loss": loss, "step_losses": [loss] * 4, "seconds": 0.5,
-                        **{f"val_{k}": v + 0.01 * e for k, v in (val or {}).items()}})
-    return {"run": run, "epochs": records}
+        records.append({"epoch": e, "step": 4 * e, "train_loss": loss, "lr": 1e-3, "step_losses": [loss] * 4,
+                        "seconds": 0.5, **{f"val_{k}": v + 0.01 * e for k, v in (val or {}).items()}})
+    scores = [r.get("val_CIDEr-D", 0.0) for r in records]
+    return {"run": run, "best_epoch": records[scores.index(max(scores))]["epoch"], "epochs": records}
 
 
 HISTORIES = {
     "fc-xe": history("fc-xe", 6, {"CIDEr-D": 0.3}),
-    "fc-scst": history("fc-scst", 3, {"CIDEr-D": 0.5}, nan_epoch=2),
+    "fc-scst": history("fc-scst", 3, {"CIDEr-D": 0.5}, nan_epoch=2, start=0.6),  # every epoch worse than its start
     "fc-luo2018-lam0_5": history("fc-luo2018-lam0_5", 2, {"CIDEr-D": 0.4, "R@1": 0.1, "R@5": 0.3, "R@10": 0.5}),
     "listener": history("listener", 4, {"R@1": 0.2, "R@5": 0.5, "R@10": 0.7}),
-    "fc-value": history("fc-value", 3, {"value_mse": 0.9, "neg_value_mse": -0.9}),
+    "fc-value": history("fc-value", 3, {"value_mse": 0.9, "neg_value_mse": -0.9}, start=1.2),
 }
 
 
@@ -84,7 +90,7 @@ def test_csv_holds_the_history_values_exactly(drawn: Path) -> None:
         assert {r["dataset"] for r in rows} == {DATASET} and {r["run"] for r in rows} == {run}
         for row, record in zip(rows, hist["epochs"]):
             loss, cider = record["train_loss"], record.get("val_CIDEr-D")
-            assert row["train_loss"] == ("" if math.isnan(loss) else repr(loss))
+            assert row["train_loss"] == ("" if loss is None or math.isnan(loss) else repr(loss))
             assert row["val_cider"] == ("" if cider is None else repr(cider))
             if cider is not None:
                 assert float(row["val_cider"]) == cider
@@ -103,6 +109,29 @@ def test_runs_without_cider_plot_their_own_metrics() -> None:
     loss_line = captioner.axes[0].lines[0]
     assert list(loss_line.get_xdata()) == [1, 3]  # the NaN epoch (no steps) is not drawn
     assert captioner.axes[1].get_ylabel() == "CIDEr-D"
+
+
+def test_the_start_is_a_point_of_the_validation_panel_only() -> None:
+    """Epoch 0 (an init run's starting weights): a "start" marker and the first point of the
+    validation curve, no training loss; the star on the selected epoch, here the start; the
+    CSV's epoch-0 row has an empty train_loss."""
+    curve = curves.curve_of(HISTORIES["fc-scst"])
+    assert curve.has_start and curve.best_epoch == 0 and curve.train_loss[0] is None
+    loss_ax, val_ax = curves.run_figure(DATASET, curve).axes
+    assert list(loss_ax.lines[0].get_xdata()) == [1, 3]
+    assert list(val_ax.lines[0].get_xdata()) == [0, 1, 2, 3]
+    labels = [line.get_label() for line in val_ax.lines]
+    assert labels[1:] == ["start: 0.600", "best: start, 0.600"]
+    assert [text.get_text() for text in val_ax.get_legend().get_texts()] == labels[1:]
+    assert list(val_ax.lines[2].get_xdata()) == [0]  # the star
+    rows = list(csv.DictReader(io.StringIO(curves.csv_text(DATASET, curve))))
+    assert (rows[0]["epoch"], rows[0]["train_loss"], rows[0]["val_cider"]) == ("0", "", "0.6")
+    value = curves.run_figure(DATASET, curves.curve_of(HISTORIES["fc-value"])).axes[1]
+    assert [line.get_label() for line in value.lines] == ["value_mse", "start"]
+    assert list(value.lines[0].get_xdata()) == [0, 1, 2, 3]
+    later = curves.curve_of(HISTORIES["fc-xe"])  # no start: the star on its best epoch
+    assert not later.has_start and later.best_epoch == 6
+    assert curves.run_figure(DATASET, later).axes[1].lines[-1].get_label() == "best: epoch 6, 0.360"
 
 
 def test_overview_has_one_line_per_captioning_run() -> None:

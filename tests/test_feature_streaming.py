@@ -162,9 +162,9 @@ def test_training_from_disk_equals_training_in_memory(tiny_dataset: Any, tmp_pat
         params["loading"] = {**params["loading"], "prefetch": loading.prefetch}
         data = CaptionData(paths, loading)
         assert data.features.in_memory is (mode == "memory")
-        best, history = run_mod.train(params, "synthetic", run, data, str(tiny_dataset.cider_df), {}, tmp_path / mode)
+        best, position = run_mod.train(params, "synthetic", run, data, str(tiny_dataset.cider_df), {}, tmp_path / mode)
         results.append((checkpoint.load(best).module("model").state, [{k: v for k, v in h.items() if k != "seconds"}
-                                                                       for h in history]))
+                                                                       for h in position.history]))
     (memory_state, memory_history), (disk_state, disk_history) = results
     assert memory_history == disk_history
     assert all(torch.equal(memory_state[k], disk_state[k]) for k in memory_state)

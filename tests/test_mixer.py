@@ -17,14 +17,14 @@ from caprl.models import build_model
 from caprl.models.base import map_batch
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.mixer import continues, schedule, xe_mask
-from toy import WORDS, count_red, decode
+from toy import CONSTANT_LR, WORDS, count_red, decode
 
 MAX_LENGTH = 6
 LABELS = [[1, 2, 3, 0, 0, 0], [1, 4, 5, 2, 0, 0],  # image 0: "a red circle", "a blue square red"
           [1, 2, 0, 0, 0, 0], [1, 4, 3, 2, 5, 0],  # image 1: 2 and 5 words
           [1, 2, 3, 4, 5, 2]]                      # image 2: 6 words (its end token at position 6)
 OWNER = [0, 0, 1, 1, 2]
-OPTIONS: dict[str, Any] = {"lr": 1e-3, "epochs": 1, "reward": "count_red", "n_samples": 1, "m_start": 2,
+OPTIONS: dict[str, Any] = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "reward": "count_red", "n_samples": 1, "m_start": 2,
                            "m_step": 0, "epochs_per_stage": 1, "baseline_lr": 1e-2, "baseline_hidden": 0}
 
 
@@ -108,7 +108,7 @@ def test_reinforce_reaches_only_the_sampled_positions_from_m_on() -> None:
 
 def test_m_at_least_every_caption_length_is_xe() -> None:
     model, batch, env = setup()
-    xe_loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model).loss(model, batch)
+    xe_loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR}, env, model).loss(model, batch)
     loss, stats = mixer(env, model, m_start=6).loss(model, batch)  # the longest caption has 6 words
     assert torch.isclose(loss, xe_loss, atol=1e-6) and "reinforce" not in stats
     loss5, stats5 = mixer(env, model, m_start=5).loss(model, batch)  # the 6-word caption samples its end

@@ -15,6 +15,7 @@ from torch import nn
 
 from conftest import TINY, default_params, merge
 from pipeline_data import DatasetPaths, build_dataset
+from toy import CONSTANT_LR
 
 from caprl.models.base import CaptionModel
 from caprl.objectives import OBJECTIVES, Batch, Objective, Options, register_objective
@@ -83,11 +84,12 @@ def test_objective_modules_train_alone_and_select_the_best_epoch(dataset: Datase
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(dataset.workdir)
     params = params_mod.load(dataset.params)
-    params["objectives"][NAME] = {"lr": 1e-3, "epochs": 3, "probe_lr": 5e-2}
+    params["objectives"][NAME] = {"lr": 1e-3, "epochs": 3, **CONSTANT_LR, "probe_lr": 5e-2}
     params["runs"] = {"fc-probe": {"method": NAME, "model": "fc"}}
     data = CaptionData(DataPaths(str(dataset.annotations), str(dataset.vocab), str(dataset.labels),
                                  str(dataset.features)))
-    best, history = run_mod.train(params, "synthetic", "fc-probe", data, str(dataset.cider_df), {}, tmp_path / "s")
+    best, position = run_mod.train(params, "synthetic", "fc-probe", data, str(dataset.cider_df), {}, tmp_path / "s")
+    history = position.history
 
     assert [sorted(k for k in h if k.startswith("val_")) for h in history] == [["val_probe_accuracy"]] * 3
     scores = [h["val_probe_accuracy"] for h in history]

@@ -9,7 +9,7 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.xe import gold_targets, token_mask
-from toy import WORDS, count_red, decode
+from toy import CONSTANT_LR, WORDS, count_red, decode
 
 
 def setup(n_images: int = 4):
@@ -35,7 +35,7 @@ def redraw(model, batch: Batch, seed: int, n: int = 3):
 
 def test_xe_matches_hand_computed_nll() -> None:
     model, batch, env = setup()
-    loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model).loss(model, batch)
+    loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR}, env, model).loss(model, batch)
     ctx = model.encode(batch.pooled[batch.label_image], batch.regions[batch.label_image])
     logprobs = model.teacher_forcing(ctx, batch.labels)[:, 0]
     targets, mask = gold_targets(batch.labels), token_mask(batch.labels)
@@ -46,7 +46,7 @@ def test_xe_matches_hand_computed_nll() -> None:
 
 def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
     model, batch, env = setup()
-    objective = build_objective("scst", {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0, "entropy": 0.0}, env, model)
+    objective = build_objective("scst", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 3, "reward": "count_red", "temperature": 1.0, "entropy": 0.0}, env, model)
     torch.manual_seed(11)
     loss, metrics = objective.loss(model, batch)
     # recompute by hand with the same random stream
@@ -62,7 +62,7 @@ def test_scst_loss_is_reinforce_with_greedy_baseline() -> None:
 def test_scst_increases_the_reward() -> None:
     """A few hundred SCST steps on the toy reward make the greedy caption say 'red' more."""
     model, batch, env = setup()
-    objective = build_objective("scst", {"lr": 1e-2, "epochs": 1, "n_samples": 4, "reward": "cider_d", "temperature": 1.0, "entropy": 0.0}, env, model)
+    objective = build_objective("scst", {"lr": 1e-2, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "cider_d", "temperature": 1.0, "entropy": 0.0}, env, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
     first = None
@@ -82,4 +82,25 @@ def test_unknown_objective_option_is_an_error() -> None:
 
     model, _, env = setup()
     with pytest.raises(CaprlError, match="n_samples"):
-        build_objective("xe", {"lr": 1e-3, "epochs": 1, "n_samples": 2}, env, model)
+        build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 2}, env, model)
+
+
+def test_step_decay_options_are_checked_and_give_the_epochs_factor() -> None:
+    """lr_decay_every / lr_decay_rate (every objective): x rate every `every` epochs from epoch 0
+    (self-critical.pytorch's learning_rate_decay_every / _rate); 0 epochs: no decay; a
+    negative period or a non-positive rate names the key."""
+    import pytest
+
+    from caprl.errors import CaprlError
+
+    model, _, env = setup()
+    options = build_objective("xe", {"lr": 1e-3, "epochs": 9, "lr_decay_every": 3, "lr_decay_rate": 0.8}, env,
+                              model).options
+    assert [options.lr_scale(e) for e in range(7)] == [1.0, 1.0, 1.0, 0.8, 0.8, 0.8, 0.8 ** 2]
+    constant = build_objective("xe", {"lr": 1e-3, "epochs": 9, **CONSTANT_LR}, env, model).options
+    assert {constant.lr_scale(e) for e in range(20)} == {1.0}
+    for key, value in (("lr_decay_every", -1), ("lr_decay_rate", 0.0), ("lr_decay_every", 1.5)):
+        with pytest.raises(CaprlError, match=rf"runs\.x\.options\.{key}"):
+            build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, key: value}, env, model, where="runs.x")
+    with pytest.raises(CaprlError, match="lr_decay_every, lr_decay_rate missing"):
+        build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model, where="runs.x")

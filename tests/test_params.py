@@ -24,6 +24,10 @@ def test_repository_params_are_valid() -> None:
         (lambda p: p.__setitem__("extra_section", {}), "extra_section"),
         (lambda p: p["models"]["fc"].__setitem__("hiden_size", 3), "models.fc.hiden_size"),
         (lambda p: p["objectives"]["scst"].__setitem__("lr", "fast"), "objectives.scst.lr"),
+        (lambda p: p["objectives"]["scst"].__setitem__("lr_decay_every", 1.5), "objectives.scst.lr_decay_every"),
+        (lambda p: p["objectives"]["actor_critic"].__setitem__("lr_decay_rate", 0),
+         "objectives.actor_critic.lr_decay_rate"),
+        (lambda p: p["objectives"]["xe"].pop("lr_decay_rate"), "objectives.xe"),
     ],
 )
 def test_bad_params_name_the_key(write_params, edit, expected: str) -> None:
@@ -31,6 +35,20 @@ def test_bad_params_name_the_key(write_params, edit, expected: str) -> None:
     edit(params)
     with pytest.raises(CaprlError, match=expected.replace(".", r"\.")):
         params_mod.load(write_params(params))
+
+
+def test_every_objective_option_has_its_default_in_params() -> None:
+    """Each method's entry under objectives: lists exactly its Options' fields (the step decay's
+    included): no option without a default in params.yaml, no key the method would refuse."""
+    import dataclasses
+
+    from caprl.objectives import OBJECTIVES
+
+    objectives = default_params()["objectives"]
+    for method in [m for m in OBJECTIVES if not m.startswith("test_")]:  # a test may register one for a while
+        fields = {f.name for f in dataclasses.fields(OBJECTIVES.get(method).Options)}
+        assert set(objectives[method]) == fields, method
+        assert {"lr_decay_every", "lr_decay_rate"} <= fields
 
 
 def test_stage_refuses_bad_params_and_writes_nothing(write_params, tmp_path) -> None:

@@ -10,9 +10,9 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.pg_spider import monte_carlo_q
-from toy import WORDS, count_red, decode
+from toy import CONSTANT_LR, WORDS, count_red, decode
 
-OPTIONS = {"lr": 1e-3, "epochs": 1, "rollouts": 3, "reward": "count_red", "baseline_lr": 1e-2, "baseline_hidden": 8}
+OPTIONS = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "rollouts": 3, "reward": "count_red", "baseline_lr": 1e-2, "baseline_hidden": 8}
 
 
 def setup(arch: str = "fc", n_images: int = 3):

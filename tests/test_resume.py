@@ -6,7 +6,9 @@ real stages (tests/pipeline_data.py), tracked in a real MLflow sqlite store. The
 are read from the job's own state file: the test polls ``state/last.pt`` and signals the job
 as soon as it holds the chosen position, so a kill point is "right after the trainer saved
 epoch E, batch B", not a guess in seconds. Three batches per epoch, a checkpoint every 2
-steps: XE saves at steps 2, 3 (epoch end), 4, 6 (last batch), 6 (epoch end), 8, 9.
+steps: XE saves at steps 2, 3 (epoch end), 4, 6 (last batch), 6 (epoch end), 8, 9. The RL runs
+start from XE weights (an init): they first validate them (epoch 0) and save at step 0.
+The XE run decays its rate (x0.5 every epoch): a resumed run must set the same rates.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Callable, NamedTuple
 
 import pytest
 import torch
+import yaml
 
 from conftest import TINY, default_params, merge, sigterm_after_step
 from pipeline_data import DatasetPaths, build_dataset, caprl_command
@@ -35,8 +38,9 @@ RESUME = {
     "models": {"fc": {"embed_size": 16, "hidden_size": 24, "dropout": 0.1}},  # dropout: XE draws from the RNG too
     "train": {"batch_size": 20, "checkpoint_every": 2, "log_every": 1, "num_threads": 1},
 }
+LR_DECAY = {"lr_decay_every": 1, "lr_decay_rate": 0.5}
 RUNS = {  # replaces params.yaml's runs: just the ones this file trains, XE first
-    "fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 3}},
+    "fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 3, **LR_DECAY}},
     "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 2, "n_samples": 2}},
     "fc-pg_spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
                      "options": {"epochs": 2, "rollouts": 2}},  # an objective with a module of its own
@@ -306,11 +310,32 @@ def test_reference_runs_are_what_the_kill_points_assume(setup: Setup) -> None:
     for run, dirs in setup.reference.items():
         last = load(dirs.last)
         assert Pos(last["epoch"], last["batch"], last["step"]) == Pos(EPOCHS[run], 0, total_steps(run))
-        assert [h["step"] for h in json.loads(dirs.history.read_text())["epochs"]] == \
-            [N_BATCHES * (e + 1) for e in range(EPOCHS[run])]
+        history = json.loads(dirs.history.read_text())
+        start = [0] if run in INIT else []  # an init run's epoch 0: its starting weights, validated at step 0
+        assert [h["step"] for h in history["epochs"]] == start + [N_BATCHES * (e + 1) for e in range(EPOCHS[run])]
+        assert [h["epoch"] for h in history["epochs"]] == start + list(range(1, EPOCHS[run] + 1))
+        assert history["best_epoch"] == last["best_epoch"] == load(dirs.checkpoint)["best_epoch"]
         assert resumed_at(dirs) == []
         steps = [s for s, _ in metric_history(setup, last["mlflow_run_id"])]
         assert steps == list(range(1, total_steps(run) + 1))
+        val_steps = [s for s, _ in metric_history(setup, last["mlflow_run_id"], "val/CIDEr-D")]
+        assert val_steps == start + [N_BATCHES * (e + 1) for e in range(EPOCHS[run])]
+        assert metric_history(setup, last["mlflow_run_id"], "best/epoch") == [(total_steps(run), history["best_epoch"])]
+
+
+def test_the_step_decay_sets_each_epochs_rate(setup: Setup) -> None:
+    """fc-xe: x0.5 every epoch, in the history (``lr``), in MLflow (``train/lr``) and in the
+    optimiser the state holds; the runs without decay keep their rate."""
+    params = yaml.safe_load(setup.data.params.read_text())
+    for run, dirs in setup.reference.items():
+        lr = params["objectives"][RUNS[run]["method"]]["lr"]
+        rate = 0.5 if run == "fc-xe" else 1.0
+        expected = [lr * rate ** e for e in range(EPOCHS[run])]
+        history = json.loads(dirs.history.read_text())["epochs"]
+        assert [h["lr"] for h in history if not h.get("start")] == expected, run
+        logged = metric_history(setup, load(dirs.last)["mlflow_run_id"], "train/lr")
+        assert logged == [(N_BATCHES * (e + 1), pytest.approx(v)) for e, v in enumerate(expected)], run
+        assert load(dirs.last)["optimizer"]["param_groups"][0]["lr"] == expected[-1]
 
 
 KILL_POINTS = {
@@ -318,6 +343,7 @@ KILL_POINTS = {
     "xe-after-epoch-end": ("fc-xe", at(1, 0)),          # the epoch-end save: resume at an epoch's start
     "xe-after-last-batch": ("fc-xe", at(1, N_BATCHES)),  # step 6 saved, killed during validation
     "xe-while-saving": ("fc-xe", while_saving),         # SIGKILL while last.pt's temporary is being written
+    "scst-after-start": ("fc-scst", at(0, 0)),          # its start validated and saved (step 0), no step yet
     "scst-seeded": ("fc-scst", None),                   # RL; a seeded choice of save and of delay after it
     "pg_spider-seeded": ("fc-pg_spider", None),         # roll-outs and a baseline MLP of the objective's own
 }
@@ -350,7 +376,11 @@ def test_sigkill_then_restart_matches_the_uninterrupted_run(setup: Setup, tmp_pa
     assert not dirs.checkpoint.exists() and not dirs.history.exists(), "the job finished before the kill"
     assert_all_checkpoints_load(dirs.state)
     on_disk = position(dirs.last)
-    assert on_disk is not None and 0 < on_disk.step < total_steps(run)
+    assert on_disk is not None and 0 <= on_disk.step < total_steps(run)
+    if kill_point == "scst-after-start":
+        assert on_disk == Pos(0, 0, 0), "the kill was meant to land between the start's save and step 2's"
+    if on_disk.step == 0:  # only an init run saves before its first step: its validated start
+        assert [h["epoch"] for h in load(dirs.last)["history"]] == [0] and run in INIT
 
     run_job(setup, run, dirs, attempt=2)
     assert resumed_at(dirs) == [on_disk], "the restarted job did not resume from the state on disk"
@@ -504,7 +534,8 @@ def test_resumed_epoch_train_loss_counts_every_batch_of_the_epoch(setup: Setup, 
             run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
         assert stopped.value.code == 128 + signal.SIGTERM
         assert position(tmp_path / "state" / "last.pt") == Pos(0, stop_after, stop_after)
-        _, history = run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
+        _, ended = run_mod.train(params, DATASET, "fc-xe", data, str(d.cider_df), {}, tmp_path / "state")
+        history = ended.history
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)

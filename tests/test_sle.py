@@ -15,9 +15,9 @@ from caprl.objectives.sle import (DIVERSITY, combine, diversity_weights, leave_o
                                   pairwise_distances, sample_weights)
 from conftest import default_params
 from test_objectives import redraw, setup
-from toy import count_red, decode
+from toy import CONSTANT_LR, count_red, decode
 
-SLL = {"lr": 1e-3, "epochs": 1, "n_samples": 3, "reward": "count_red", "temperature": 1.0}
+SLL = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 3, "reward": "count_red", "temperature": 1.0}
 
 
 def test_eq16_weights_on_a_hand_worked_example() -> None:

@@ -13,6 +13,7 @@ from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.tables import paper_numbers
 from caprl.tables.render import Cell
 from caprl.tables.stackcap import figure_note, matching_runs, stackcap_table1, stackcap_table2, stackcap_table3
+from toy import CONSTANT_LR
 
 SIZES = {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}
 ATT = {"att_hidden_size": 12}
@@ -148,7 +149,7 @@ def xe_batch(n_images: int = 2) -> Batch:
 def test_xe_gives_every_parameter_a_gradient(arch: str) -> None:
     model = make(arch, dropout=0.1).train()
     env = ObjectiveEnv(decode_words=lambda t: [], reward=lambda name: None, max_length=6)
-    loss, metrics = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env, model).loss(model, xe_batch())
+    loss, metrics = build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR}, env, model).loss(model, xe_batch())
     loss.backward()
     for name, p in model.named_parameters():
         if name == "embed.weight":  # only the rows of words that occur

@@ -100,6 +100,7 @@ def test_a_dead_server_costs_a_job_seconds_and_sync_logs_it_later(tracked: dict[
     xe = runs["synthetic/fc-xe/train"]  # made by `caprl mlflow-sync` from history.json
     assert xe.data.tags["caprl.logged_from"] == "files" and xe.data.params["run.options.epochs"] == "2"
     assert "val/CIDEr-D" in xe.data.metrics and "train/epoch_loss" in xe.data.metrics
+    assert {"train/lr", "best/epoch"} <= set(xe.data.metrics) and "start" not in xe.data.metrics
     assert "synthetic/fc-xe/train" in tracked["synced"]
     assert "logged 0 job(s)" in tracked["resynced"]  # nothing twice
 
@@ -121,6 +122,9 @@ def test_training_run_holds_params_test_metrics_links_and_files(tracked: dict[st
     assert len(commit) == 40 and train.data.tags["mlflow.source.git.commit"] == commit
     assert {"caprl.git.dirty", "mlflow.source.name", "mlflow.user"} <= set(train.data.tags)
     assert not any(v.startswith("{") for v in {**evaluation.data.tags, **evaluation.data.params}.values())
+    # fc-scst starts from fc-xe: its starting weights validated at step 0, the selected epoch logged
+    assert [m.step for m in client.get_metric_history(train.info.run_id, "val/CIDEr-D")][0] == 0
+    assert "best/epoch" in train.data.metrics and "start" not in train.data.metrics
     artifacts = {a.path for a in client.list_artifacts(train.info.run_id)}
     assert {"config.yaml", "history.json", "train-fc-scst.log"} <= artifacts
     assert f"#/experiments/{train.info.experiment_id}/runs/{train.info.run_id}" in tracked["scst_log"]

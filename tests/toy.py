@@ -1,9 +1,17 @@
-"""A toy vocabulary and hand-checkable rewards shared by the objective tests."""
+"""A toy vocabulary, hand-checkable rewards, toy data and the real trainer on it, shared by
+the objective and trainer tests."""
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+from caprl.data.batch import Batch
 
 WORDS = ["<eos>", "a", "red", "circle", "blue", "square"]
 
@@ -24,3 +32,73 @@ def decode(tokens: torch.Tensor) -> list[list[str]]:
 def count_red(image_ids, captions) -> np.ndarray:
     """A hand-made reward: how many times 'red' was said (easy to check by hand)."""
     return np.array([c.count("red") for c in captions], dtype=np.float64)
+
+
+#: the step decay switched off (``lr_decay_every``: 0): every objective's options need both keys
+CONSTANT_LR = {"lr_decay_every": 0, "lr_decay_rate": 1.0}
+
+
+FEAT = 5  # pooled feature size of the toy images
+# the 4 kinds of toy image and their caption: "a red circle", "a red square", "a blue circle", "a blue square"
+CAPTIONS = [[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0]]
+
+
+class ToyData:
+    """Image i is of kind i % 4 (pooled: that kind's one-hot plus noise), two gold captions each.
+    Train ids 0..15, val ids 100..107."""
+
+    def split_ids(self, split: str) -> list[int]:
+        return list(range(16)) if split == "train" else list(range(100, 108))
+
+    def features_of(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, regions = [], []
+        for i in ids:
+            gen = torch.Generator().manual_seed(i)
+            pooled.append(F.one_hot(torch.tensor(i % 4), FEAT).float() + 0.1 * torch.randn(FEAT, generator=gen))
+            regions.append(torch.randn(3, FEAT, generator=gen))
+        return torch.stack(pooled), torch.stack(regions)
+
+    def batch(self, ids: list[int]) -> Batch:
+        pooled, regions = self.features_of(ids)
+        labels = torch.tensor([CAPTIONS[i % 4] for i in ids for _ in range(2)])
+        return Batch(list(ids), pooled, regions, labels, torch.arange(len(ids)).repeat_interleave(2))
+
+    def decode(self, tokens: torch.Tensor) -> list[list[str]]:
+        return decode(tokens)
+
+    def references(self, split: str) -> dict[int, list[list[str]]]:
+        """Each image's two gold captions (the same sentence), tokenised (as CaptionData's)."""
+        return {i: [[WORDS[t] for t in CAPTIONS[i % 4] if t]] * 2 for i in self.split_ids(split)}
+
+
+class NullTracker:
+    run_id = ""
+
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def toy_trainer(objective: Any, model: Any, state_dir: Path, epochs: int = 2,
+                validate: Callable[[Any], dict[str, float]] | None = None,
+                init: dict[str, str] | None = None, dist: Any = None) -> Any:
+    """The real trainer on the toy data (8 images a batch, 2 steps an epoch); ``init``: the
+    run's init roles (a run with one validates its starting weights as epoch 0); ``dist``: its
+    process group (default: one process)."""
+    from caprl.training.loop import LoopConfig, RunMeta, Trainer
+
+    loop = LoopConfig(epochs=epochs, lr=objective.options.lr, batch_size=8, grad_clip=2.0, checkpoint_every=100,
+                      log_every=100, max_length=6, seed=0)
+    meta = RunMeta(arch="fc", run={"name": objective.name, "method": objective.name, "init": dict(init or {})},
+                   vocab_sha256="toy", config_hash=objective.name)
+    return Trainer(model, objective, ToyData(), loop, validate or (lambda m: {"CIDEr-D": 0.0}), state_dir, meta,
+                   NullTracker(), dist)
+
+
+def fit(trainer: Any) -> list[dict[str, Any]]:
+    """``trainer.fit`` on the toy train split, this process's signal handlers restored after."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        return trainer.fit(ToyData().split_ids("train")).history
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -47,6 +47,15 @@ def logged_jobs(experiment: str) -> dict[str, Any]:
     return {r.data.tags.get("caprl.job", r.info.run_name): r for r in runs}
 
 
+def epoch_metrics(entry: dict[str, Any]) -> dict[str, float]:
+    """A history record's metrics under the trainer's MLflow keys (``train/epoch_loss``,
+    ``train/lr``, ``val/<metric>``); no ``train_loss`` at epoch 0 (the start: null), and flags
+    (``start``) and positions (``epoch``, ``step``) are not metrics."""
+    renamed = {"train_loss": "train/epoch_loss", "lr": "train/lr"}
+    return {renamed.get(k, k.replace("val_", "val/", 1)): v for k, v in entry.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("epoch", "step")}
+
+
 def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> str | None:
     """Create the training run from history.json and the checkpoint; its run id (None: nothing to log)."""
     name = f"{job.dataset}/{job.run}/train"
@@ -54,7 +63,7 @@ def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> 
         return known[name].info.run_id
     if not Path(job.history).exists():
         return None
-    epochs = json.loads(Path(job.history).read_text(encoding="utf-8"))["epochs"]
+    history = json.loads(Path(job.history).read_text(encoding="utf-8"))
     init_run_ids = {role: known[f"{job.dataset}/{source}/train"].info.run_id for role, source in job.spec.init.items()
                     if f"{job.dataset}/{source}/train" in known}
     tags = {**train_tags(job.dataset, job.run, job.spec, init_run_ids), **FROM_FILES}
@@ -62,10 +71,11 @@ def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> 
     with Tracker(params["tracking"]["experiment"], name, tags=tags, stage="train") as tracker:
         tracker.log_params(config)
         tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
-        for entry in epochs:
-            values = {k: v for k, v in entry.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
-            tracker.log_metrics({("train/epoch_loss" if k == "train_loss" else k.replace("val_", "val/", 1)): v
-                                 for k, v in values.items()}, step=int(entry.get("step", entry["epoch"])))
+        for entry in history["epochs"]:
+            tracker.log_metrics(epoch_metrics(entry), step=int(entry.get("step", entry["epoch"])))
+        if isinstance(history.get("best_epoch"), int):
+            last = history["epochs"][-1] if history["epochs"] else {}
+            tracker.log_metrics({"best/epoch": history["best_epoch"]}, step=int(last.get("step", 0)))
         tracker.log_artifact(job.history)
         return tracker.run_id if tracker.active else None
 

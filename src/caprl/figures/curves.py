@@ -1,16 +1,20 @@
 """``caprl curves``: learning curves of every trained run of a dataset, from their history files.
 
-Reads ``runs/<dataset>/<run>/history.json`` (written by ``caprl train``: ``{"run": name,
-"epochs": [{"epoch", "step", "train_loss", "step_losses", "seconds", "val_<metric>", ...}]}``)
-and writes, in one process:
+Reads ``runs/<dataset>/<run>/history.json`` (written by ``caprl train``, see
+:func:`caprl.training.run.history_json`: ``{"run": name, "best_epoch": e, "epochs": [{"epoch",
+"step", "train_loss", "step_losses", "seconds", "val_<metric>", ...}]}``) and writes, in one process:
 
 * ``<out-dir>/<run>.png``: two panels, the mean training loss per epoch and the validation
   CIDEr-D per epoch (greedy captions, the epoch selection metric of captioning methods). Runs
   that train no caption model (listener, value network) have no CIDEr-D: their panel shows the
-  validation metrics they have (a listener's recall, a value network's MSE).
-* ``<out-dir>/<run>.csv``: the plotted series, one row per epoch, columns ``dataset, run,
-  epoch, train_loss, val_cider`` (empty where the run has no such value); the numbers are the
-  history's, written with ``repr`` so they read back exactly.
+  validation metrics they have (a listener's recall, a value network's MSE). A run that starts
+  from an init has an epoch 0 (its starting weights, validated before any step): a square
+  marker labelled "start" on the validation panel, no point on the loss panel (no step). The
+  star marks the selected epoch (the history's ``best_epoch``; the highest CIDEr-D in a history
+  without it), which may be the start.
+* ``<out-dir>/<run>.csv``: the plotted series, one row per epoch (epoch 0 included, its
+  train_loss empty), columns ``dataset, run, epoch, train_loss, val_cider`` (empty where the run
+  has no such value); the numbers are the history's, written with ``repr`` so they read back exactly.
 * ``--overview`` PNG: validation CIDEr-D per epoch, one line per run that has it.
 
 No path is written into the figures or the CSV (titles name the dataset and the run). PNGs
@@ -56,10 +60,16 @@ class Curve:
     train_loss: list[float | None] = field(default_factory=list)
     val_cider: list[float | None] = field(default_factory=list)
     other: dict[str, list[float | None]] = field(default_factory=dict)  # other val_* metrics, by name
+    best_epoch: int | None = None  # the selected epoch (0: the start), where the history says
 
     @property
     def has_cider(self) -> bool:
         return any(v is not None for v in self.val_cider)
+
+    @property
+    def has_start(self) -> bool:
+        """True if the run's epoch 0 (its starting weights) was validated."""
+        return 0 in self.epochs
 
 
 def _number(value: Any) -> float | None:
@@ -79,10 +89,12 @@ def curve_of(history: dict[str, Any], where: str = "history") -> Curve:
         raise CaprlError(f"{where}: every entry of 'epochs' needs an integer 'epoch'")
     metrics = [k for r in records for k in r if k.startswith("val_") and k != CIDER]
     names = [k for k in dict.fromkeys(metrics) if not (k.startswith("val_neg_") and f"val_{k[8:]}" in metrics)]
+    best = history.get("best_epoch")
     return Curve(run=history["run"], epochs=[r["epoch"] for r in records],
                  train_loss=[_number(r.get("train_loss")) for r in records],
                  val_cider=[_number(r.get(CIDER)) for r in records],
-                 other={k[4:]: [_number(r.get(k)) for r in records] for k in names})
+                 other={k[4:]: [_number(r.get(k)) for r in records] for k in names},
+                 best_epoch=best if isinstance(best, int) and not isinstance(best, bool) else None)
 
 
 def read_curve(path: Path) -> Curve:
@@ -103,6 +115,13 @@ def csv_text(dataset: str, curve: Curve) -> str:
 def _xy(epochs: list[int], values: list[float | None]) -> tuple[list[int], list[float]]:
     pairs = [(e, v) for e, v in zip(epochs, values) if v is not None]
     return [e for e, _ in pairs], [v for _, v in pairs]
+
+
+def _mark_start(ax: Any, x: list[int], y: list[float], color: str, label: str) -> None:
+    """The starting weights' point (epoch 0, if the series has one): a hollow square."""
+    if x and x[0] == 0:
+        ax.plot([0], [y[0]], color=color, marker="s", markersize=7, markerfacecolor="none", linestyle="none",
+                label=label)  # an explicit colour: the next series keeps its place in the colour cycle
 
 
 def _empty(ax: Any, text: str) -> None:
@@ -155,15 +174,20 @@ class RunFigure:
         if curve.has_cider:
             x, y = _xy(curve.epochs, curve.val_cider)
             val_ax.plot(x, y, marker="o", markersize=3, color="tab:red")
-            best = max(range(len(y)), key=y.__getitem__)
+            if x[0] == 0:
+                _mark_start(val_ax, x, y, "black", f"start: {y[0]:.3f}")
+            best = x.index(curve.best_epoch) if curve.best_epoch in x else max(range(len(y)), key=y.__getitem__)
+            what = "start" if x[best] == 0 else f"epoch {x[best]}"
             val_ax.plot([x[best]], [y[best]], marker="*", markersize=12, color="gold", markeredgecolor="black",
-                        linestyle="none", label=f"best: epoch {x[best]}, {y[best]:.3f}")
+                        linestyle="none", label=f"best: {what}, {y[best]:.3f}")
             val_ax.legend(fontsize=8, loc="lower right")
             _style(val_ax, "validation CIDEr-D (greedy captions)", "CIDEr-D")
         else:
             drawn = [name for name, values in curve.other.items() if _xy(curve.epochs, values)[0]]
-            for name in drawn:
-                val_ax.plot(*_xy(curve.epochs, curve.other[name]), marker="o", markersize=3, label=name)
+            for i, name in enumerate(drawn):
+                x, y = _xy(curve.epochs, curve.other[name])
+                line, = val_ax.plot(x, y, marker="o", markersize=3, label=name)
+                _mark_start(val_ax, x, y, line.get_color(), "start" if i == 0 else "_nolegend_")
             if drawn:
                 val_ax.legend(fontsize=8)
             else:
@@ -201,7 +225,7 @@ def overview_figure(dataset: str, curves: list[Curve]) -> Figure:
     else:
         _empty(ax, "no run with a validation CIDEr-D")
     _style(ax, f"{dataset}: validation CIDEr-D per epoch, {len(shown)} captioning runs", "CIDEr-D", title_size=11)
-    ax.set_xlabel("epoch (of each run; an RL run starts from its XE run's best epoch)")
+    ax.set_xlabel("epoch (of each run; epoch 0: a run's starting weights, e.g. an RL run's XE model)")
     ax.xaxis.set_label_coords(0.5, -0.07)
     ax.yaxis.set_label_coords(-0.08, 0.5)
     width = fig.get_figwidth()

@@ -18,7 +18,8 @@ The value network reads token ids and the pooled features, never the policy's st
 value loss cannot move the policy, and the advantage is detached, so the policy loss cannot
 move the value network. Both losses are averaged over the sampled tokens of the global batch
 (as scst here); the paper's eq. 10 sums over t. The policy learns at ``lr``, the value network
-at ``value_lr``; the embedding is frozen (no group, eval mode). The paper uses the
+at ``value_lr``, both x``lr_decay_rate`` every ``lr_decay_every`` epochs (sec. 4.1: 0.9 every two
+epochs; the trainer's step decay); the embedding is frozen (no group, eval mode). The paper uses the
 temporal-difference target only in name (eq. 10-12 are Monte-Carlo returns: R of the whole
 caption); we implement the equations.
 

@@ -56,6 +56,8 @@ class Options:
 
     lr: float
     epochs: int
+    lr_decay_every: int  # step decay: every group's rate times lr_decay_rate every this many epochs (0: none)
+    lr_decay_rate: float
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str) -> "Options":
@@ -72,7 +74,21 @@ class Options:
         for name, value in values.items():
             if not _fits(value, hints[name]):
                 raise CaprlError(f"{where}.{name}: expected {_type_name(hints[name])}, got {value!r}")
-        return cls(**{k: (float(v) if hints[k] is float else v) for k, v in values.items()})
+        options = cls(**{k: (float(v) if hints[k] is float else v) for k, v in values.items()})
+        if options.lr_decay_every < 0:
+            raise CaprlError(f"{where}.lr_decay_every: expected a number of epochs >= 0 (0: no decay), "
+                             f"got {options.lr_decay_every}")
+        if options.lr_decay_rate <= 0:
+            raise CaprlError(f"{where}.lr_decay_rate: expected a positive factor, got {options.lr_decay_rate}")
+        return options
+
+    def lr_scale(self, epoch: int) -> float:
+        """The factor on every group's rate in (0-based) ``epoch``: ``lr_decay_rate ** (epoch //
+        lr_decay_every)``, a pure function of the epoch (a resumed run gets the same rates).
+        Self-critical.pytorch's learning_rate_decay_every / _rate (x0.8 every 3 epochs), from epoch 0."""
+        if self.lr_decay_every == 0:
+            return 1.0
+        return self.lr_decay_rate ** (epoch // self.lr_decay_every)
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -90,7 +106,8 @@ def _type_name(hint: Any) -> str:
 
 
 class Objective(nn.Module):
-    """Subclasses set ``Options`` and implement ``loss``; their child modules are trained too."""
+    """Subclasses set ``Options`` and implement ``loss`` (or ``turns`` and ``turn_loss``); their
+    child modules are trained too."""
 
     Options: type[Options] = Options
     name: str = ""
@@ -100,6 +117,13 @@ class Objective(nn.Module):
     select: str = "CIDEr-D"
     #: True if the method trains or holds a listener (role ``listener``): its runs get a retrieval evaluation
     retrieval: bool = False
+    #: Alternating updates (paper 004's REINFORCE joint training: the speaker, then the listener,
+    #: each with the other frozen). Empty: one update per batch on :meth:`loss`. Else the trainer
+    #: makes one full update (zero_grad, backward, clip, optimiser step) per turn, in this order,
+    #: on the same batch, from :meth:`turn_loss`; a turn moves only the parameters its loss
+    #: reaches (Adam skips those whose gradient is None). Decode a frozen module under
+    #: ``torch.no_grad``: a recorded use of a time-shared layer whose backward never runs is an error.
+    turns: tuple[str, ...] = ()
 
     def __init__(self, options: Options, env: ObjectiveEnv, model: CaptionModel) -> None:
         super().__init__()
@@ -108,6 +132,10 @@ class Objective(nn.Module):
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
+
+    def turn_loss(self, model: CaptionModel, batch: Batch, turn: str) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one of :attr:`turns` (objectives with turns implement this, not :meth:`loss`)."""
+        raise NotImplementedError(f"objective {self.name or type(self).__name__} has no turn '{turn}'")
 
     def validation(self, model: CaptionModel, data: Any) -> dict[str, float]:
         """Validation metrics of the objective's own (at epoch end, eval mode is the objective's

@@ -27,11 +27,16 @@ image captioning with embedding reward"), which it summarises:
   outputs the value). Paper 003 uses LSTMs (sec. 4.1); we use a GRU (one state tensor to
   carry through the beams), as the listener does.
 * **Pre-training** (``value``, eq. 9, sec. 3.3.2): the policy (started from an XE run) and the
-  embedding are frozen (no optimiser group, eval mode); each step samples ``n_samples``
-  captions per image from the policy without gradient (the trainer's sampling noise, as scst)
-  and regresses v(s_t) on the caption's reward R by mean squared error over every step t at
-  which the policy chose a word (the state before each word, the end token's included).
-  Validation: the same MSE on the val images' samples (fixed noise); best epoch on -MSE.
+  embedding are frozen (no optimiser group; the embedding in eval mode); each step samples
+  ``n_samples`` captions per image from the policy without gradient and regresses v(s_t) on the
+  caption's reward R by mean squared error over every step t at which the policy chose a word
+  (the state before each word, the end token's included). The captions are sampled as
+  actor-critic samples them (:func:`policy_samples`: the policy in train mode, dropout on, the
+  trainer's noise), so the value network is fitted on the states it is used on in
+  actor-critic; an eval-mode (dropout off) policy's captions are another distribution.
+  Validation: the same MSE on the val images' captions, sampled the same way (train mode) with
+  a fixed noise and fixed dropout masks (the RNG seeded, then restored), so epochs compare and
+  the training's random streams are untouched; best epoch on -MSE.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ from caprl import checkpoint, decoding
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, ObjectiveEnv, Options, register_objective
-from caprl.objectives.discriminative import speaker_samples
 from caprl.objectives.listener import VAL_BATCH, build_listener, in_eval_mode
 from caprl.retrieval import Listener
 
@@ -137,6 +141,20 @@ def value_from_checkpoint(ckpt: checkpoint.Checkpoint, where: str = "checkpoint"
                            list(options["value_mlp"]), where=where)
     network.load_state_dict(record.state)
     return network
+
+
+def policy_samples(model: CaptionModel, batch: Batch, n: int, max_length: int) -> decoding.Samples:
+    """``n`` captions per image sampled as actor-critic samples them (:mod:`caprl.objectives.actor_critic`:
+    encode, then sample, in train mode with the batch's noise), but without gradient: the
+    policy of the value pre-training is frozen. The model's mode is restored after."""
+    was_training = model.training
+    model.train()
+    try:
+        with torch.no_grad():
+            ctx = model.encode(batch.pooled, batch.regions)
+            return decoding.sample(model, ctx, max_length, n=n, noise=batch.noise)
+    finally:
+        model.train(was_training)
 
 
 def embedding_reward(listener: Listener, tokens: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
@@ -229,8 +247,7 @@ class ValuePretraining(EmbeddingRewardObjective):
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         n = self.options.n_samples
-        samples = speaker_samples(model, batch, n, self.env.max_length)
-        model.eval()  # frozen: left in eval mode
+        samples = policy_samples(model, batch, n, self.env.max_length)
         tokens, mask = samples.last_stage(), samples.mask[:, -1]
         ids = [i for i in batch.image_ids for _ in range(n)]
         reward = self.rewards(ids, tokens, batch.pooled.repeat_interleave(n, dim=0))
@@ -238,15 +255,18 @@ class ValuePretraining(EmbeddingRewardObjective):
         return loss, {"value_mse": float(loss.detach()), "reward_sample": float(reward.mean())}
 
     def validation(self, model: CaptionModel, data: Any) -> dict[str, float]:
-        """MSE of v(s_t) on ``n_samples`` captions per val image (fixed noise, so epochs compare).
-        A mixed reward's language part is CIDEr-D against the val references (the trainer's
-        rewards know the train references only)."""
+        """MSE of v(s_t) on ``n_samples`` captions per val image, sampled as in training (train
+        mode; fixed noise and dropout masks, so epochs compare). A mixed reward's language part
+        is CIDEr-D against the val references (the trainer's rewards know the train references only)."""
         m = val_value_mse(self, model, data)
         return {"value_mse": m, "neg_value_mse": -m}
 
 
 def val_value_mse(objective: EmbeddingRewardObjective, model: CaptionModel, data: Any) -> float:
-    """The value network's MSE over the sampled steps of the val images' captions."""
+    """The value network's MSE over the sampled steps of the val images' captions (:func:`policy_samples`:
+    train mode, as actor-critic uses the value network; the dropout masks drawn from the
+    ``seed``-seeded RNG inside a fork of it, so they are the same every epoch and the
+    training's RNG state is as before)."""
     ids, n = data.split_ids("val"), objective.options.n_samples
     language = None
     if objective.options.cider_weight > 0:
@@ -258,11 +278,12 @@ def val_value_mse(objective: EmbeddingRewardObjective, model: CaptionModel, data
 
     def compute() -> dict[str, float]:
         total, count = 0.0, 0.0
+        torch.manual_seed(seed)  # the dropout masks (inside fork_rng below)
         for start in range(0, len(ids), VAL_BATCH):
             chunk = ids[start : start + VAL_BATCH]
             batch = data.batch(chunk).to(device)
             batch.noise = decoding.Noise(seed, step=-1, total=len(chunk))
-            samples = speaker_samples(model, batch, n, objective.env.max_length)
+            samples = policy_samples(model, batch, n, objective.env.max_length)
             tokens, mask = samples.last_stage(), samples.mask[:, -1]
             reward = objective.rewards([i for i in chunk for _ in range(n)], tokens,
                                        batch.pooled.repeat_interleave(n, dim=0), language)
@@ -271,8 +292,5 @@ def val_value_mse(objective: EmbeddingRewardObjective, model: CaptionModel, data
             count += float(mask.sum())
         return {"mse": total / max(count, 1.0)}
 
-    was_training = model.training
-    try:
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         return in_eval_mode(objective.value, compute)["mse"]
-    finally:
-        model.train(was_training)

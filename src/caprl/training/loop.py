@@ -2,8 +2,16 @@
 
 Resumable: the state file (``last.pt``) holds model, optimiser, RNG state and the
 position in the data (epoch, batch), written every ``train.checkpoint_every`` steps, at
-every epoch end and on SIGTERM/SIGUSR1. The order of batches is a pure function of
-(seed, epoch), so a resumed run sees exactly the batches an uninterrupted run would.
+every epoch end and on SIGTERM/SIGUSR1. The order of batches and every group's learning
+rate (the objective's ``lr_decay_every`` / ``lr_decay_rate`` step decay) are pure functions
+of (seed, epoch), so a resumed run sees exactly the batches and rates an uninterrupted run would.
+
+Best epoch: the objective's validation metric (``select``). A run that starts from other
+runs' weights (a non-empty ``init``: RL from an XE model, a value network on a frozen policy)
+first validates those starting weights, before any step: the history's ``epoch`` 0 record
+(``"start": true``, ``train_loss`` null), which ``best.pt`` holds until an epoch beats it, so
+a run whose every epoch is worse than its start keeps its start. Runs from scratch have no
+epoch 0. ``Position.best_epoch`` (0: the start) says which epoch ``best.pt`` holds.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ class Position:
     best_score: float = float("-inf")
     history: list[dict[str, Any]] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)  # losses of this epoch's steps so far
+    best_epoch: int | None = None  # the epoch best.pt holds (0: the starting weights); None: none yet
 
 
 class StopFlag:
@@ -93,8 +102,10 @@ class LossModule(torch.nn.Module):
         super().__init__()
         self.model, self.objective = model, objective
 
-    def forward(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.objective.loss(self.model, batch)
+    def forward(self, batch: Any, turn: str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        if turn is None:
+            return self.objective.loss(self.model, batch)
+        return self.objective.turn_loss(self.model, batch, turn)
 
 
 def _fused_adam(groups: list[dict[str, Any]], device: torch.device) -> bool | None:
@@ -138,6 +149,8 @@ class Trainer:
         # "name" in its state)
         self.optimizer = torch.optim.Adam(groups, fused=_fused_adam(groups, self.dist.device))
         self.clipped = [g["params"] for g in groups]  # each module clipped on its own
+        self.base_lrs = [float(g["lr"]) for g in groups]  # each group's rate before any decay
+        self.starts_from_init = bool(meta.run.get("init"))  # validate the starting weights (epoch 0)
         self.pos = Position()
         self.stop = StopFlag()
         if self.dist.active:
@@ -153,7 +166,8 @@ class Trainer:
             records[name] = checkpoint.record_of(module, f"{self.objective.name}.{name}",
                                                  dataclasses.asdict(self.objective.options))
         position = {"epoch": self.pos.epoch, "batch": self.pos.batch, "step": self.pos.step,
-                    "best_score": self.pos.best_score, "select": self.objective.select, "history": self.pos.history}
+                    "best_score": self.pos.best_score, "best_epoch": self.pos.best_epoch,
+                    "select": self.objective.select, "history": self.pos.history}
         ckpt = checkpoint.Checkpoint(run=self.meta.run, modules=records, vocab_sha256=self.meta.vocab_sha256,
                                      config_hash=self.meta.config_hash, code_version=checkpoint.code_version(),
                                      position=position)
@@ -203,16 +217,32 @@ class Trainer:
             torch.manual_seed(self.config.seed + 1000 * self.dist.rank + state.position["step"])
         p = state.position
         self.pos = Position(p["epoch"], p["batch"], p["step"], p["best_score"], list(p["history"]),
-                            list(p.get("epoch_losses", [])))
+                            list(p.get("epoch_losses", [])), p.get("best_epoch"))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.pos.epoch, self.pos.batch, self.pos.step)
         return True
 
     # --- loop --------------------------------------------------------------------------
+    def lrs(self, epoch: int) -> list[float]:
+        """Every optimiser group's rate in (0-based) ``epoch``: its ``param_groups`` rate times
+        the objective's step decay (a pure function of the epoch)."""
+        scale = self.objective.options.lr_scale(epoch)
+        return [base * scale for base in self.base_lrs]
+
+    def _model_group(self) -> int:
+        """The optimiser group whose rate the history records: the caption model's (``"model"``),
+        else the first (a method that trains only its own modules)."""
+        names = [g.get("name") for g in self.optimizer.param_groups]
+        return names.index(checkpoint.MODEL) if checkpoint.MODEL in names else 0
+
     def fit(self, train_ids: list[int]) -> Position:
         self.stop.install()
         cfg = self.config
         n_batches = (len(train_ids) + cfg.batch_size - 1) // cfg.batch_size
+        if self.starts_from_init and self.pos.step == 0 and not self.pos.history:  # fresh, not resumed
+            self._score_start()
         while self.pos.epoch < cfg.epochs:
+            for group, lr in zip(self.optimizer.param_groups, self.lrs(self.pos.epoch)):
+                group["lr"] = lr  # also after a resume mid-epoch (the state's rates are overwritten alike)
             order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
             started = time.time()
             bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
@@ -248,13 +278,27 @@ class Trainer:
         return batch, offset
 
     def step(self, image_ids: list[int], loaded: tuple[Batch, int]) -> dict[str, float]:
-        """One optimiser step on a global batch (``loaded``: this process's block, from :meth:`batches`)."""
+        """One optimiser step on a global batch (``loaded``: this process's block, from :meth:`batches`),
+        or one per turn of an objective with :attr:`~caprl.objectives.Objective.turns` (metrics
+        ``<turn>/<name>``, ``loss`` their turns' sum)."""
         self.loss_fn.train()
-        timeshared.reset(self.loss_fn)
         batch, offset = loaded
         batch.noise = decoding.Noise(self.config.seed, self.pos.step, total=len(image_ids), offset=offset)
+        if not self.objective.turns:
+            loss, metrics = self._update(batch, None)
+            return self.dist.mean_metrics({"loss": loss, **metrics})
+        total, merged = 0.0, {}
+        for turn in self.objective.turns:
+            loss, metrics = self._update(batch, turn)
+            total += loss
+            merged.update({f"{turn}/loss": loss, **{f"{turn}/{k}": v for k, v in metrics.items()}})
+        return self.dist.mean_metrics({"loss": total, **merged})
+
+    def _update(self, batch: Batch, turn: str | None) -> tuple[float, dict[str, float]]:
+        """Loss (of ``turn``), backward, clip and one optimiser step; parameters without a gradient stay."""
+        timeshared.reset(self.loss_fn)
         with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
-            loss, metrics = self.loss_fn(batch)
+            loss, metrics = self.loss_fn(batch) if turn is None else self.loss_fn(batch, turn)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         timeshared.check(self.loss_fn)
@@ -262,29 +306,52 @@ class Trainer:
             for params in self.clipped:
                 torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         self.optimizer.step()
-        return self.dist.mean_metrics({"loss": float(loss.detach()), **metrics})
+        return float(loss.detach()), metrics
 
-    def _end_epoch(self, losses: list[float], seconds: float) -> None:
-        # every process computes it (same weights, same number): the caption metrics of a
-        # captioner's method, plus whatever the objective measures of its own modules
+    def _validation(self) -> tuple[dict[str, float], float]:
+        """Validation metrics and the selection score. Every process computes them (same weights,
+        same numbers): the caption metrics of a captioner's method, plus whatever the objective
+        measures of its own modules."""
         val = {**(self.validate(self.model) if self.objective.captioner else {}),
                **self.objective.validation(self.model, self.data)}
         select = self.objective.select
         if select not in val:
             raise CaprlError(f"objective {self.objective.name} selects epochs on '{select}', "
                              f"but validation gives {', '.join(sorted(val))}")
-        score = val[select]
-        train_loss = float(np.mean(losses)) if losses else float("nan")
-        record = {"epoch": self.pos.epoch + 1, "step": self.pos.step, "train_loss": train_loss,
-                  "step_losses": losses, "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
-        self.pos.history.append(record)
-        self.tracker.log_metrics({**{f"val/{k}": v for k, v in val.items()}, "train/epoch_loss": train_loss},
-                                 step=self.pos.step)
-        log.info("epoch %d: train loss %.4f, val %s %.4f (%.1fs)", self.pos.epoch + 1, train_loss, select, score, seconds)
+        return val, val[select]
+
+    def _keep_if_best(self, score: float, epoch: int) -> None:
+        """``best.pt`` <- every module now, if ``score`` beats the best so far (strictly: a tie keeps the earlier)."""
         if score > self.pos.best_score:
-            self.pos.best_score = score
+            self.pos.best_score, self.pos.best_epoch = score, epoch
             if self.dist.main:
                 checkpoint.save(self.state_dir / "best.pt", self._checkpoint(with_state=False))
+
+    def _score_start(self) -> None:
+        """Epoch 0: the starting weights validated, recorded and kept as the best so far; saved
+        at once, so a resumed run never validates them again."""
+        started = time.time()
+        val, score = self._validation()
+        record = {"epoch": 0, "step": 0, "train_loss": None, "step_losses": [], "start": True,
+                  "seconds": round(time.time() - started, 2), **{f"val_{k}": v for k, v in val.items()}}
+        self.pos.history.append(record)
+        self.tracker.log_metrics({f"val/{k}": v for k, v in val.items()}, step=0)
+        log.info("start (epoch 0, the init weights): val %s %.4f", self.objective.select, score)
+        self._keep_if_best(score, 0)
+        self.save_state()
+
+    def _end_epoch(self, losses: list[float], seconds: float) -> None:
+        val, score = self._validation()
+        train_loss = float(np.mean(losses)) if losses else float("nan")
+        lr = self.lrs(self.pos.epoch)[self._model_group()]
+        record = {"epoch": self.pos.epoch + 1, "step": self.pos.step, "train_loss": train_loss, "lr": lr,
+                  "step_losses": losses, "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
+        self.pos.history.append(record)
+        self.tracker.log_metrics({**{f"val/{k}": v for k, v in val.items()}, "train/epoch_loss": train_loss,
+                                  "train/lr": lr}, step=self.pos.step)
+        log.info("epoch %d: train loss %.4f, lr %.3g, val %s %.4f (%.1fs)", self.pos.epoch + 1, train_loss, lr,
+                 self.objective.select, score, seconds)
+        self._keep_if_best(score, self.pos.epoch + 1)
         self.pos.epoch += 1
         self.pos.batch = 0
         self.pos.epoch_losses = []

@@ -2,8 +2,9 @@
 
 Outputs: ``--checkpoint`` (every module at the best epoch on the objective's validation
 metric, CIDEr-D for captioners, with their config) and
-``--history`` (per-epoch metrics). ``--state-dir`` holds the resume state (``last.pt``,
-``best.pt``); it is not a DAG output, so a re-submitted job finds it and resumes.
+``--history`` (:func:`history_json`: per-epoch metrics and the selected epoch). ``--state-dir``
+holds the resume state (``last.pt``, ``best.pt``); it is not a DAG output, so a re-submitted
+job finds it and resumes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from caprl.training import distributed
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.training.distributed import Dist
 from caprl.workflow_plan import CHECKPOINT
-from caprl.training.loop import LoopConfig, RunMeta, Trainer, greedy_captions
+from caprl.training.loop import LoopConfig, Position, RunMeta, Trainer, greedy_captions
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,20 @@ def train_tags(dataset: str, run: str, spec: params_mod.RunSpec, init_run_ids: d
     return tags
 
 
+def history_json(run: str, position: Position) -> dict[str, Any]:
+    """The ``--history`` file: ``{"run", "best_epoch", "epochs": [record, ...]}``. A record:
+    ``epoch`` (1..N; 0: the starting weights of a run with an init, ``"start": true``,
+    ``train_loss`` null), ``step``, ``train_loss`` (mean of ``step_losses``; NaN: no step),
+    ``lr`` (the caption model's group, else the first group), ``seconds``, ``val_<metric>``.
+    ``best_epoch``: the epoch the checkpoint holds (0: the start; null: no epoch scored)."""
+    return {"run": run, "best_epoch": position.best_epoch, "epochs": position.history}
+
+
 def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cider_df_path: str,
           inits: dict[str, str], state_dir: Path, dist: Dist | None = None,
-          log_file: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
-    """Train ``run`` on ``dataset``; returns the path of the best state and the per-epoch history.
+          log_file: str | None = None) -> tuple[Path, Position]:
+    """Train ``run`` on ``dataset``; returns the path of the best state and the final position
+    (per-epoch ``history``, ``best_epoch``).
 
     ``log_file`` (the job's log) is attached to the MLflow run with the config and history."""
     dist = dist or Dist()
@@ -206,15 +217,18 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
             tracker.log_params(config)
             tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
         position = trainer.fit(data.split_ids("train"))
-        tracker.log_metrics({f"best/val_{objective.select}": position.best_score}, step=position.step)
-        tracker.log_text(json.dumps({"run": run, "epochs": position.history}, indent=1), "history.json")
+        best = {f"best/val_{objective.select}": position.best_score}
+        if position.best_epoch is not None:
+            best["best/epoch"] = position.best_epoch
+        tracker.log_metrics(best, step=position.step)
+        tracker.log_text(json.dumps(history_json(run, position), indent=1), "history.json")
         if log_file:
             tracker.log_artifact(log_file)
     for reward_fn in rewards.values():
         close = getattr(reward_fn, "close", None)
         if close is not None:
             close()
-    return state_dir / "best.pt", position.history
+    return state_dir / "best.pt", position
 
 
 def main(args: argparse.Namespace) -> None:
@@ -235,11 +249,11 @@ def run_process(args: argparse.Namespace) -> None:
     check_init_files(params, args.dataset, args.run, parse_inits(args.init))
     data = CaptionData.from_args(args, Loading.from_params(params))
     state_dir = Path(args.state_dir)
-    best, history = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist,
-                          log_file=args.log)
+    best, position = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist,
+                           log_file=args.log)
     if not dist.main:
         return
     with io.atomic_path(args.checkpoint) as tmp:
         shutil.copyfile(best, tmp)
-    io.write_json(args.history, {"run": args.run, "epochs": history})
-    log.info("run %s: best checkpoint -> %s", args.run, args.checkpoint)
+    io.write_json(args.history, history_json(args.run, position))
+    log.info("run %s: best checkpoint (epoch %s) -> %s", args.run, position.best_epoch, args.checkpoint)
