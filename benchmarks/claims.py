@@ -13,7 +13,8 @@ test scores and the tables the claims read; within a seed all methods start from
 run, so differences are paired. A claim compares two values of every seed:
 
 * ``a``/``b``: ``<dataset>/<run>`` with ``metric`` (a path into its score file:
-  ``metrics.CIDEr-D``, ``diversity.rs.Div-2``, ``lookahead.metrics.CIDEr-D``, ``retrieval.R@10``),
+  ``metrics.CIDEr-D``, ``diversity.rs.Div-2``, ``lookahead.metrics.CIDEr-D``, ``retrieval.R@10``;
+  ``b_metric``: another path for side b, e.g. one run's lookahead against its beam search),
   or ``{table: <table>, row: <row label>, column: <column>}`` (a cell of the dataset's table
   CSV, e.g. paper 004's recall at a matched CIDEr-D);
 * ``kind``: ``greater`` (a > b), ``less`` (a < b), ``at_least`` (a >= b - ``margin``).
@@ -81,9 +82,21 @@ def load_config(path: Path) -> dict[str, Any]:
 
 
 def seed_params(config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """params.yaml with the config's overrides (its runs: replace params.yaml's) and the seed."""
-    params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), config["params"])
-    params["runs"] = copy.deepcopy(config["params"]["runs"])
+    """params.yaml with the config's overrides and the seed. Its ``runs:`` replace params.yaml's: a
+    list names params.yaml's runs (their values, chosen on validation, as they stand), a mapping
+    gives the entries; ``run_overrides:`` then merges into named runs' entries (e.g. another sweep)."""
+    base = yaml.safe_load((REPO / "params.yaml").read_text())
+    overrides = {k: v for k, v in config["params"].items() if k not in ("runs", "run_overrides")}
+    params = merge(base, overrides)
+    runs = config["params"]["runs"]
+    if isinstance(runs, list):
+        unknown = [r for r in runs if r not in base["runs"]]
+        if unknown:
+            raise SystemExit(f"claims config: runs {unknown} are not in params.yaml's runs:")
+        runs = {r: base["runs"][r] for r in runs}
+    params["runs"] = copy.deepcopy(runs)
+    for run, entry in config["params"].get("run_overrides", {}).items():
+        params["runs"][run] = merge(params["runs"][run], entry)
     params["tuning"] = {"budget": params["tuning"]["budget"], "runs": {}}  # the claims train no tuning points
     params["seed"] = seed
     return params
@@ -144,12 +157,14 @@ def table_cell(csv_text: str, row: str, column: str, where: str) -> float:
     raise KeyError(f"{where}: no row {row!r} (rows: {[r[0] for r in rows[1:]]})")
 
 
-def value_of(seed: dict[str, Any], ref: Any, claim: dict[str, Any]) -> float:
-    """One side of a claim in one seed's results (nan where the workflow gave no number)."""
+def value_of(seed: dict[str, Any], claim: dict[str, Any], side: str) -> float:
+    """Side ``a`` or ``b`` of a claim in one seed's results (nan where the table has no number);
+    ``b_metric`` names another metric of side b (e.g. lookahead against beam search of one run)."""
+    ref = claim[side]
     if isinstance(ref, dict):
         ds = ref.get("dataset", claim.get("dataset", "synthetic"))
         return table_cell(seed["tables"][f"{ds}/{ref['table']}"], ref["row"], ref["column"], f"{ds}_{ref['table']}")
-    path = claim["metric"]
+    path = claim.get(f"{side}_metric", claim["metric"])
     value: Any = seed["runs"][ref]
     for key in path.split("."):
         value = value[key]
@@ -184,8 +199,8 @@ def resolve(config: dict[str, Any], per_seed: dict[int, dict[str, Any]]) -> list
     results = []
     for claim in config["claims"]:
         seeds = sorted(per_seed)
-        a = [value_of(per_seed[s], claim["a"], claim) for s in seeds]
-        b = [value_of(per_seed[s], claim["b"], claim) for s in seeds]
+        a = [value_of(per_seed[s], claim, "a") for s in seeds]
+        b = [value_of(per_seed[s], claim, "b") for s in seeds]
         sign = -1.0 if claim["kind"] == "less" else 1.0
         pairs = [(x, y) for x, y in zip(a, b) if not (math.isnan(x) or math.isnan(y))]
         entry = {**{k: claim[k] for k in ("id", "text", "source", "kind") if k in claim},

@@ -25,6 +25,7 @@ from caprl.data.batch import Batch
 from caprl.errors import CaprlError
 from caprl.models import MODELS, build_model, timeshared
 from caprl.objectives import ObjectiveEnv, build_objective
+from toy import CONSTANT_LR
 from caprl.objectives.xe import gold_targets, token_mask
 
 ARCHS = sorted(name for name, _ in MODELS.items())
@@ -66,7 +67,7 @@ def env() -> ObjectiveEnv:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_xe_loss_equals_encoding_every_caption_separately(arch: str) -> None:
     model, batch = make_model(arch).eval(), make_batch()
-    xe = build_objective("xe", {"lr": 1e-3, "epochs": 1}, env(), model)
+    xe = build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR}, env(), model)
     loss, _ = xe.loss(model, batch)
     # the plain computation: each caption's image encoded on its own, every step's full distribution
     ctx = model.encode(batch.pooled[batch.label_image], batch.regions[batch.label_image])
