@@ -195,7 +195,8 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
     expected = sorted([f"{ds}/{job.run}/train" for ds in PLAN.datasets for job in PLAN.trained(ds)]
                       + [f"{ds}/{job.run}/evaluate" for ds in PLAN.datasets for job in PLAN.evaluated(ds)]
                       + [f"{ds}/most-frequent/evaluate" for ds in PLAN.datasets]
-                      + [f"{ds}/{job.run}/retrieval" for ds in PLAN.datasets for job in PLAN.retrieved(ds)])
+                      + [f"{ds}/{job.run}/retrieval" for ds in PLAN.datasets
+                         for job in PLAN.retrieved(ds) + PLAN.gold_retrieved(ds)])
     assert names == expected
     ranked = next(r for r in runs if r.info.run_name == "synthetic/fc-frozen_speaker_mle/retrieval")
     assert 0 <= ranked.data.metrics["R_at_10"] <= 1
@@ -233,7 +234,7 @@ def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Pat
     strip = lambda s: {k: v for k, v in s.items() if k != "provenance"}  # noqa: E731 (the git state of the copies)
     assert {k: strip(v) for k, v in all_scores(work, dvc_plan).items()} == \
         {key: strip(scores[key]) for key in all_scores(work, dvc_plan)}
-    for job in dvc_plan.retrieved("synthetic"):  # the listener ranks identically
+    for job in dvc_plan.retrieved("synthetic") + dvc_plan.gold_retrieved("synthetic"):  # the listener ranks identically
         path = job.result("results/{dataset}/{run}/retrieval.json")
         assert (work / path).read_text() == (snakemake_run / path).read_text()
     # the DVC table has fewer runs: each of its lines is the Snakemake table's line, in the same order

@@ -264,6 +264,40 @@ def test_missing_results_show_a_dash_and_say_which_runs() -> None:
     assert "PSST Gumbel Softmax: 3 of 3 runs lack scores or retrieval results" in notes
 
 
+def gold_report(run: str, dataset: str) -> dict[str, Any]:
+    """``caprl retrieval --gold`` of a listener run: its listener ranking by the first gold captions."""
+    return {"run": run, "dataset": dataset, "split": "test", "listener": "the run's own", "captions": "gold",
+            "R@1": 0.6, "R@5": 0.9, "R@10": 0.95, "mean_rank": 1.5, "median_rank": 1.0, "n_images": 100}
+
+
+GOLD_NOTE = ("Listener pretrain, the first gold caption of each of the 100 test images: R@1 60.0%, R@5 90.0%, "
+             "R@10 95.0% (an upper reference for the captions' recall).")
+
+
+def test_the_listener_runs_gold_caption_recall_is_a_note_and_a_points_row() -> None:
+    """The `listener` run (named `pretrain` here) has no scores, only its gold-caption retrieval."""
+    params = family_params()
+    scores = family_scores(params, "coco")
+    scores["pretrain"] = {"run": "pretrain", "dataset": "coco", "retrieval": gold_report("pretrain", "coco")}
+    for build in (psst_table2, psst_table3, psst_points):
+        assert GOLD_NOTE in build(params, "coco", scores).notes, build.__name__
+    points = psst_points(params, "coco", scores)
+    assert len(points.rows) == 4 * 3 + 2 * 2 * 3 + 2 + 1
+    label, cells = points.rows[-1]
+    assert label == "Listener, first gold caption [pretrain]"
+    assert [c.text() for c in cells[:7]] == ["—"] * 7 and ours(cells[7:]) == pytest.approx([60.0, 90.0, 95.0, 1.5])
+    assert ours(rows(psst_table2(params, "coco", scores))["REINFORCE"]) == pytest.approx([48.0, 78.0, 88.0])
+
+    del scores["pretrain"]  # no retrieval.json: the note says so, no row
+    missing = ("Listener pretrain: no recall of the first gold captions of the test images (its retrieval.json, "
+               "`caprl retrieval --gold`, is missing).")
+    for build in (psst_table2, psst_table3, psst_points):
+        assert missing in build(params, "coco", scores).notes, build.__name__
+    assert len(psst_points(params, "coco", scores).rows) == 4 * 3 + 2 * 2 * 3 + 2
+    del params["runs"]["pretrain"]  # no listener run: no note
+    assert not any(n.startswith("Listener ") for n in psst_table2(params, "coco", scores).notes)
+
+
 def test_missing_discriminative_section_is_an_error() -> None:
     params = family_params()
     del params["discriminative"]
@@ -294,6 +328,21 @@ def test_load_scores_attaches_the_retrieval_report(tmp_path: Path) -> None:
     (tmp_path / "b" / "retrieval.json").write_text(json.dumps({"run": "b", "dataset": "f", "R@10": 0.5}))
     with pytest.raises(CaprlError, match="not of --dataset coco"):
         load_scores(tmp_path, ["b"], "coco")
+
+
+def test_load_scores_reads_the_listener_runs_gold_retrieval(tmp_path: Path) -> None:
+    (tmp_path / "pretrain").mkdir()
+    (tmp_path / "pretrain" / "retrieval.json").write_text(json.dumps(gold_report("pretrain", "coco")))
+    scores = load_scores(tmp_path, [], "coco", gold=["pretrain", "other"])  # `other`: no file, left out
+    assert scores == {"pretrain": {"run": "pretrain", "dataset": "coco", "retrieval": gold_report("pretrain", "coco")}}
+    with pytest.raises(CaprlError, match=r"retrieval by the gold captions, but run 'pretrain' is ranked by its "
+                                         r"generated captions \(caprl retrieval --captions\)"):
+        (tmp_path / "pretrain" / "scores.json").write_text(json.dumps(report("pretrain", "coco", 0.8, 1.2)))
+        load_scores(tmp_path, ["pretrain"], "coco")  # a captioner run's retrieval.json must be of its captions
+    generated = {**gold_report("pretrain", "coco"), "captions": "generated"}
+    (tmp_path / "pretrain" / "retrieval.json").write_text(json.dumps(generated))
+    with pytest.raises(CaprlError, match=r"by the generated captions, but run 'pretrain' is ranked by its gold"):
+        load_scores(tmp_path, [], "coco", gold=["pretrain"])
 
 
 # ---------------------------------------------------------------- figures

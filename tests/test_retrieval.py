@@ -1,9 +1,12 @@
-"""``caprl retrieval`` (paper 004, sec. 6.2): recall@K of a run's captions by its own listener."""
+"""``caprl retrieval`` (paper 004, sec. 6.2): recall@K of a run's captions by its own listener, and
+of a listener run's listener by the first gold captions (``--gold``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +24,11 @@ from caprl.evaluation import retrieval as stage
 from caprl.features.backbones import PatchesBackbone
 from caprl.features.extract import extract_features
 from caprl.models import build_model
+from caprl.objectives.listener import first_captions, gold_recall
 from caprl.retrieval import Listener, ListenerConfig, ranks_of, recall_report
-from conftest import default_params, merge
+from caprl.workflow_plan import CHECKPOINT, HISTORY, RETRIEVAL, STATE_DIR, build_plan
+from conftest import TINY, default_params, merge
+from pipeline_data import build_dataset, caprl_command
 
 LISTENER = {"word_size": 8, "hidden_size": 16, "margin": 0.2}
 
@@ -88,10 +94,10 @@ def test_captions_outside_the_vocabulary_are_an_error() -> None:
 # ---------------------------------------------------------------- the stage on a tiny dataset
 
 
-def tiny_data(tmp_path: Path) -> dict[str, Path]:
+def tiny_data(tmp_path: Path, n_test: int = 3) -> dict[str, Path]:
     """A generated dataset (3 test images), an xe checkpoint and one with a listener, and the
     test images' first reference captions as captions.json."""
-    cfg = {"n_train": 6, "n_val": 2, "n_test": 3, "image_size": 32, "max_objects": 2}
+    cfg = {"n_train": 6, "n_val": 2, "n_test": n_test, "image_size": 32, "max_objects": 2}
     synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
     annotations = prepare.prepare_annotations(prepare.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
     paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
@@ -121,10 +127,12 @@ def tiny_data(tmp_path: Path) -> dict[str, Path]:
 
 
 def stage_args(paths: dict[str, Path], tmp_path: Path, ckpt: str = "best.pt", **extra: Any) -> argparse.Namespace:
-    return argparse.Namespace(dataset="synthetic", run="r", checkpoint=paths[ckpt], captions=paths["captions.json"],
-                              annotations=paths["annotations.json"], vocab=paths["vocab.json"],
-                              labels=paths["labels.h5"], features=paths["features.h5"],
-                              out=tmp_path / "results" / "retrieval.json", **extra)
+    """The stage's arguments (``--captions captions.json``; ``gold=True, captions=None``: ``--gold``)."""
+    return argparse.Namespace(**{
+        "dataset": "synthetic", "run": "r", "checkpoint": paths[ckpt], "captions": paths["captions.json"],
+        "gold": False, "annotations": paths["annotations.json"], "vocab": paths["vocab.json"],
+        "labels": paths["labels.h5"], "features": paths["features.h5"],
+        "out": tmp_path / "results" / "retrieval.json", **extra})
 
 
 def stage_params() -> dict[str, Any]:
@@ -136,8 +144,9 @@ def test_report_ranks_every_test_image_with_the_runs_listener(tmp_path: Path) ->
     report = stage.retrieval_report(stage_params(), stage_args(paths, tmp_path))
     data = CaptionData.from_args(stage_args(paths, tmp_path))
     ids = data.split_ids("test")
-    assert {k: report[k] for k in ("run", "dataset", "split", "listener", "n_images")} == {
-        "run": "r", "dataset": "synthetic", "split": "test", "listener": "the run's own", "n_images": 3}
+    assert {k: report[k] for k in ("run", "dataset", "split", "listener", "captions", "n_images")} == {
+        "run": "r", "dataset": "synthetic", "split": "test", "listener": "the run's own", "captions": "generated",
+        "n_images": 3}
     ranks = np.array([report["ranks"][str(i)] for i in ids])
     assert set(report["ranks"]) == {str(i) for i in ids} and all(1 <= r <= 3 for r in ranks)
     assert report["R@1"] == pytest.approx((ranks <= 1).mean()) and report["R@10"] == 1.0
@@ -170,8 +179,8 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     assert cli.main(argv) == 0
     report = json.loads(args.out.read_text())
     assert report["n_images"] == 3 and sorted(report) == sorted(
-        ["run", "dataset", "split", "listener", "R@1", "R@5", "R@10", "mean_rank", "median_rank", "n_images",
-         "ranks"])
+        ["run", "dataset", "split", "listener", "captions", "R@1", "R@5", "R@10", "mean_rank", "median_rank",
+         "n_images", "ranks"])
     assert [p.name for p in args.out.parent.iterdir()] == ["retrieval.json"]  # no temporary file left
 
 
@@ -185,3 +194,117 @@ def test_the_sum_of_hinges_counts_every_violating_negative() -> None:
     # Row 2: image 1 (0.2 - 0.7 + 0.6 = 0.1) + caption 1 against image 2 (0.2 - 0.7 + 0.85 = 0.35).
     torch.testing.assert_close(vse_sum_hinge(sim, target, 0.2), torch.tensor([0.05, 0.4, 0.45]))
     torch.testing.assert_close(vse_hinge(sim, target, 0.2), torch.tensor([0.05, 0.25, 0.45]))
+
+
+# ---------------------------------------------------------------- the gold mode (a listener run)
+
+
+def own_listener(paths: dict[str, Path], data: CaptionData, params: dict[str, Any]) -> Listener:
+    return stage.load_listener(paths["best.pt"], params, len(data.vocab), data.feat_dim, data.vocab.sha256)
+
+
+def test_gold_mode_ranks_as_the_listeners_validation_recall(tmp_path: Path) -> None:
+    """``--gold``: each test image's first gold caption ranks the split's images, the caption and the
+    listener of ``gold_recall`` (objectives/listener.py) on the same split: the same recall, rank by rank."""
+    paths = tiny_data(tmp_path, n_test=12)
+    params = stage_params()  # batches of 2 images: the stage's batching does not change a rank
+    report = stage.retrieval_report(params, stage_args(paths, tmp_path, captions=None, gold=True))
+    data = CaptionData.from_args(stage_args(paths, tmp_path))
+    ids = data.split_ids("test")
+    listener = own_listener(paths, data, params)
+    assert report["captions"] == "gold" and report["split"] == "test" and report["n_images"] == 12
+    assert {k: report[k] for k in ("R@1", "R@5", "R@10")} == gold_recall(listener, data, "test")
+    batch = data.batch(ids)
+    with torch.no_grad():
+        expected = ranks_of(listener.eval().similarity(first_captions(batch), batch.pooled))
+    assert [report["ranks"][str(i)] for i in ids] == expected.tolist()
+    assert len(set(expected.tolist())) > 2  # a ranking that is not trivial (12 images)
+    captions, _ = stage.gold_captions(data, ids, 5)
+    assert captions[ids[0]] == list(data.labels.captions(ids[0])[0][: len(captions[ids[0]])])  # its first caption
+    json.dumps(report)
+
+
+def test_gold_mode_needs_a_listener_and_exactly_one_caption_source(tmp_path: Path) -> None:
+    paths = tiny_data(tmp_path)
+    with pytest.raises(CaprlError, match=r"xe\.pt holds no listener"):
+        stage.retrieval_report(stage_params(), stage_args(paths, tmp_path, ckpt="xe.pt", captions=None, gold=True))
+    for both_or_none in ({"gold": True}, {"captions": None}):
+        with pytest.raises(CaprlError, match="exactly one of --captions FILE .* and --gold"):
+            stage.retrieval_report(stage_params(), stage_args(paths, tmp_path, **both_or_none))
+
+
+def cli_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_the_cli_takes_captions_or_gold_not_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["retrieval", "--dataset", "synthetic", "--run", "r", "--checkpoint", "c.pt", "--annotations", "a",
+              "--vocab", "v", "--labels", "l", "--features", "f", "--out", str(tmp_path / "r.json")]
+    assert "one of the arguments --captions --gold is required" in cli_errors(common, capsys)
+    assert "argument --gold: not allowed with argument --captions" in cli_errors(
+        [*common, "--captions", "c.json", "--gold"], capsys)
+
+
+# ---------------------------------------------------------------- the gold mode end to end
+
+
+def test_a_listener_run_through_the_real_stages(tmp_path: Path) -> None:
+    """The workflow's commands as subprocesses (params.yaml paths, MLflow on sqlite): the data stages,
+    ``caprl train`` of a listener run, ``caprl retrieval --gold`` (its recall is the trained
+    listener's ``gold_recall`` on the test split, its MLflow run nested under the training run),
+    then ``caprl tables`` showing it in psst_points and psst_table2."""
+    from mlflow.tracking import MlflowClient
+
+    n_test = 12
+    params = merge(default_params(), TINY)
+    params["synthetic"].update(n_train=40, n_val=8, n_test=n_test)
+    params["runs"] = {"listener": {"method": "listener", "model": "fc"}}
+    params["evaluate"]["batch_size"] = 5
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    data = build_dataset(tmp_path, params, env=env)
+    job = build_plan(params).gold_retrieved("synthetic")[0]  # the plan's paths, as the workflow's
+    assert job.run == "listener" and job.result(RETRIEVAL) == RETRIEVAL.format(dataset="synthetic", run="listener")
+    train_paths = [f.format(dataset="synthetic", run="listener") for f in (CHECKPOINT, HISTORY, STATE_DIR)]
+    data_args = data.train_args()[:8]  # annotations, vocab, labels, features
+
+    def run(stage: str, *args: str) -> None:
+        cmd = caprl_command(stage, data.params, "--log", f"logs/{stage}.log", *args)
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    run("train", "--dataset", "synthetic", "--run", "listener", *data.train_args(), "--checkpoint", train_paths[0],
+        "--history", train_paths[1], "--state-dir", train_paths[2])
+    run("retrieval", "--dataset", "synthetic", "--run", "listener", "--checkpoint", job.checkpoint, "--gold",
+        *data_args, "--out", job.result(RETRIEVAL))
+    report = json.loads((tmp_path / job.result(RETRIEVAL)).read_text())
+    assert report["captions"] == "gold" and report["run"] == "listener" and report["n_images"] == n_test
+
+    loaded = CaptionData.from_args(argparse.Namespace(annotations=data.annotations, vocab=data.vocab,
+                                                      labels=data.labels, features=data.features))
+    listener = stage.load_listener(tmp_path / job.checkpoint, params, len(loaded.vocab), loaded.feat_dim,
+                                   loaded.vocab.sha256)
+    assert {k: report[k] for k in ("R@1", "R@5", "R@10")} == gold_recall(listener, loaded, "test")
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = {r.data.tags["caprl.job"]: r for r in client.search_runs(
+        [client.get_experiment_by_name(params["tracking"]["experiment"]).experiment_id])}
+    train_run, gold_run = runs["synthetic/listener/train"], runs["synthetic/listener/retrieval"]
+    assert gold_run.data.tags["mlflow.parentRunId"] == train_run.info.run_id
+    assert checkpoint.mlflow_run_id(tmp_path / job.checkpoint) == train_run.info.run_id
+    assert gold_run.data.tags["captions"] == "gold" and gold_run.data.metrics["R_at_10"] == report["R@10"]
+    assert train_run.data.metrics["test/R_at_5"] == report["R@5"]  # beside its val recall
+
+    out = tmp_path / "results" / "tables"
+    for table in ("psst_points", "psst_table2"):
+        run("tables", "--dataset", "synthetic", "--table", table, "--results-dir", "results/synthetic",
+            "--out-dir", str(out))
+    note = (f"Listener listener, the first gold caption of each of the {n_test} test images: "
+            f"R@1 {100 * report['R@1']:.1f}%, R@5 {100 * report['R@5']:.1f}%, R@10 {100 * report['R@10']:.1f}% "
+            "(an upper reference for the captions' recall).")
+    points, table2 = (out / "synthetic_psst_points.md").read_text(), (out / "synthetic_psst_table2.md").read_text()
+    assert note in points and note in table2
+    assert "| Listener, first gold caption [listener] | — |" in points

@@ -42,6 +42,41 @@ def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     assert plan.scores("synthetic")[-1] == "results/synthetic/most-frequent/scores.json"
 
 
+def test_the_listener_run_gets_a_gold_retrieval_job_and_the_tables_read_it() -> None:
+    """The objective's ``gold_retrieval`` decides (ListenerPretraining), not the method's name."""
+    from caprl.objectives import OBJECTIVES
+
+    params = params_mod.expand_sweeps(default_params())
+    params["runs"]["embedding"] = {"method": "listener", "model": "fc", "datasets": ["synthetic"]}
+    plan = wp.build_plan(params)
+    assert OBJECTIVES.get("listener").gold_retrieval and not OBJECTIVES.get("psst_multinomial").gold_retrieval
+    assert [job.run for job in plan.gold_retrieved("synthetic")] == ["listener", "embedding"]
+    assert not plan.gold_retrieved("synthetic_video")  # no listener run trains on it
+    assert not any(job.gold_retrieval for job in plan.jobs.values() if job.captioner)
+    assert plan.job("synthetic", "listener").gold_retrieval and not plan.job("synthetic", "listener").retrieval
+    files = ["results/synthetic/listener/retrieval.json", "results/synthetic/embedding/retrieval.json"]
+    assert plan.gold_retrieval_files("synthetic") == files
+    assert plan.table_inputs("synthetic") == plan.scores("synthetic") + plan.retrieval_files("synthetic") + files
+    stages = dvc_stages(plan)
+    gold = stages["synthetic-gold_retrieval-listener"]
+    assert " --gold " in gold["cmd"] and "--captions" not in gold["cmd"] and gold["outs"] == [files[0]]
+    assert "runs/synthetic/listener/best.pt" in gold["deps"] and gold["params"] == ["evaluate.split", "listener"]
+    assert not any(name.startswith("synthetic-gold_retrieval-") and not name.endswith(("listener", "embedding"))
+                   for name in stages)
+    assert "synthetic-retrieval-listener" not in stages and "synthetic-evaluate-listener" not in stages
+    assert set(files) <= set(stages["synthetic-table-psst_points"]["deps"])
+    assert "listener" in stages["synthetic-train-listener"]["params"]  # its listener: sizes
+
+
+def test_a_captioner_with_a_listener_cannot_also_take_the_gold_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from caprl.objectives import OBJECTIVES
+
+    monkeypatch.setattr(OBJECTIVES.get("psst_multinomial"), "gold_retrieval", True)
+    with pytest.raises(CaprlError, match=r"runs\.fc-psst_multinomial.*\.method: objective psst_multinomial is a "
+                                         "captioner with a listener"):
+        wp.build_plan(default_params())
+
+
 def test_a_run_whose_reward_is_unavailable_is_skipped_with_its_dependents(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable(name: str, params: dict) -> str | None:
         return "no METEOR here" if name == "bcmr" else None
@@ -62,7 +97,7 @@ def test_a_run_whose_reward_is_unavailable_is_skipped_with_its_dependents(monkey
 
 
 def test_only_captioner_runs_are_evaluated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wp, "_roles", lambda run, method: (method != "c2f", False))
+    monkeypatch.setattr(wp, "_roles", lambda run, method: (method != "c2f", False, False))
     plan = wp.build_plan(default_params())
     evaluated = {job.run for job in plan.evaluated("synthetic")}
     assert "stackcap-c2f" not in evaluated and "stackcap-xe" in evaluated

@@ -106,7 +106,8 @@ def train_stage(job: TrainJob, ds: Dataset) -> Stage:
         "deps": ["src/caprl", ds.annotations, ds.vocab, ds.labels, ds.features, ds.cider_df, *job.init.values()],
         "params": ["seed", "train", "decode", f"models.{spec.model}", f"objectives.{spec.method}",
                    f"runs.{spec.source}", *(["sweeps"] if spec.source != job.run else []),
-                   *([f"rewards.{reward}"] if reward else []), *(["listener"] if job.retrieval else [])],
+                   *([f"rewards.{reward}"] if reward else []),
+                   *(["listener"] if job.retrieval or job.gold_retrieval else [])],
         "outs": [job.checkpoint, job.history]}
 
 
@@ -132,12 +133,24 @@ def retrieval_stage(job: TrainJob, ds: Dataset) -> Stage:
         "params": ["evaluate.split", "listener"], "outs": [out]}  # not metrics: it holds every image's rank
 
 
+def gold_retrieval_stage(job: TrainJob, ds: Dataset) -> Stage:
+    """A listener run's listener ranking the evaluation split by the first gold captions (``--gold``)."""
+    out = job.result(RETRIEVAL)
+    return {
+        "cmd": caprl("retrieval", ds.log(f"retrieval/{job.run}.log"), "--dataset", ds.name, "--run", job.run,
+                     "--checkpoint", job.checkpoint, "--gold", *data_args(ds), "--out", out),
+        "deps": ["src/caprl/evaluation", "src/caprl/retrieval", "src/caprl/objectives/listener.py", job.checkpoint,
+                 ds.annotations, ds.vocab, ds.labels, ds.features],
+        "params": ["evaluate.split", "listener"], "outs": [out]}
+
+
 def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
     params, n = plan.params, ds.name
     split = params["evaluate"]["split"]
     stages = {f"{n}-train-{job.run}": train_stage(job, ds) for job in plan.trained(n)}
     stages.update({f"{n}-evaluate-{job.run}": evaluate_stage(job, ds, split) for job in plan.evaluated(n)})
     stages.update({f"{n}-retrieval-{job.run}": retrieval_stage(job, ds) for job in plan.retrieved(n)})
+    stages.update({f"{n}-gold_retrieval-{job.run}": gold_retrieval_stage(job, ds) for job in plan.gold_retrieved(n)})
     captions, scores, examples = (p.format(dataset=n, run=BASELINE_RUN) for p in (CAPTIONS, SCORES, EXAMPLES))
     stages[f"{n}-baseline"] = {
         "cmd": caprl("baseline", ds.log(f"evaluate/{BASELINE_RUN}.log"), "--dataset", n, "--annotations",
@@ -161,7 +174,7 @@ def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
         stages[f"{n}-table-{table}"] = {
             "cmd": caprl("tables", ds.log(f"tables_{table}.log"), "--dataset", n, "--table", table,
                          "--results-dir", RESULTS.format(dataset=n), "--out-dir", TABLES_DIR),
-            "deps": ["src/caprl/tables", *plan.scores(n), *plan.retrieval_files(n)],
+            "deps": ["src/caprl/tables", *plan.table_inputs(n)],
             "params": ["tables", "runs", f"datasets.{n}", "discriminative"],
             "outs": [path for path in plan.table_files(n) if f"/{n}_{table}." in path]}
     if plan.psst_pngs(n):

@@ -89,7 +89,8 @@ def sync_result(params: dict[str, Any], dataset: str, run: str, kind: str, path:
     metrics = report["metrics"] if kind == "evaluate" else {k: report[k] for k in RECALL}
     logged = False
     if name not in known:
-        tags = {"stage": kind, "dataset": dataset, "run": run, **FROM_FILES}
+        tags = {"stage": kind, "dataset": dataset, "run": run, **FROM_FILES,
+                **({"captions": report["captions"]} if kind == "retrieval" and "captions" in report else {})}
         with Tracker(params["tracking"]["experiment"], name, tags=tags, stage=kind, parent_run_id=parent) as tracker:
             if kind == "evaluate":
                 tracker.log_params({"evaluate": params["evaluate"], "decode": params["decode"]})

@@ -4,7 +4,8 @@
 dvc-yaml`` (:mod:`caprl.dvc_gen`) builds the same plan and writes one DVC stage per job.
 The plan holds every path pattern of the DAG (all carry the dataset name), the enabled
 datasets, the training jobs ``(dataset, run)`` with their ``--init ROLE=PATH`` checkpoints,
-the runs that are evaluated (their objective yields a caption model), the attention-figure
+the runs that are evaluated (their objective yields a caption model), the runs whose listener
+is scored on the gold captions (their objective pre-trains one alone), the attention-figure
 run of each dataset, the table files, and the runs it leaves out because their reward
 cannot run on this machine (:attr:`Plan.skipped`, with the reason; the tables show them).
 Pure Python, no file is read: ``build_plan(params)`` on a validated params dict.
@@ -158,6 +159,7 @@ class TrainJob:
     spec: RunSpec
     captioner: bool
     retrieval: bool = False  # a captioner whose run holds a listener: ranked by the retrieval stage
+    gold_retrieval: bool = False  # a listener pre-training run: its listener ranked by the gold captions
     tuning: bool = False  # a point of tuning: (trained for its validation score only: never evaluated)
 
     @property
@@ -226,6 +228,20 @@ class Plan:
 
     def retrieval_files(self, dataset: str) -> list[str]:
         return [job.result(RETRIEVAL) for job in self.retrieved(dataset)]
+
+    def gold_retrieved(self, dataset: str) -> list[TrainJob]:
+        """The trained jobs whose objective pre-trains a listener alone (``gold_retrieval``): their
+        listener ranks the evaluation split's images by their first gold caption (``caprl retrieval
+        --gold``), into the same ``retrieval.json`` path (they have no captions of their own)."""
+        return [job for job in self.trained(dataset) if job.gold_retrieval]
+
+    def gold_retrieval_files(self, dataset: str) -> list[str]:
+        return [job.result(RETRIEVAL) for job in self.gold_retrieved(dataset)]
+
+    def table_inputs(self, dataset: str) -> list[str]:
+        """What every table job of ``dataset`` reads: the score files, the retrieval results of the
+        runs with a listener, and the listener runs' gold-caption retrieval results."""
+        return self.scores(dataset) + self.retrieval_files(dataset) + self.gold_retrieval_files(dataset)
 
     def psst_pngs(self, dataset: str) -> list[str]:
         """Paper 004's Figs. 3-4 of ``dataset``: drawn where it has runs with a listener."""
@@ -303,9 +319,9 @@ def build_plan(params: dict[str, Any]) -> Plan:
         reason = _skip_reason(params, specs, run, reasons)
         for dataset in spec.datasets:
             if reason is None:
-                captioner, retrieval = _roles(run, spec.method)
+                captioner, retrieval, gold = _roles(run, spec.method)
                 tuning = params_mod.TUNED_FROM in params["runs"][run]
-                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval, tuning)
+                plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval, gold, tuning)
             else:
                 plan.skipped[(dataset, run)] = reason
     _check_init_models(plan)
@@ -370,9 +386,14 @@ def _skip_reason(params: dict[str, Any], specs: dict[str, RunSpec], run: str,
     return reason
 
 
-def _roles(run: str, method: str) -> tuple[bool, bool]:
-    """(the method yields a caption model, its runs hold a listener for the retrieval stage)."""
+def _roles(run: str, method: str) -> tuple[bool, bool, bool]:
+    """(the method yields a caption model, its runs hold a listener for the retrieval stage, its runs
+    pre-train a listener scored on the gold captions), from the objective's class attributes."""
     from caprl.objectives import OBJECTIVES
 
     cls = OBJECTIVES.get(method, where=f"runs.{run}.method")
-    return bool(cls.captioner), bool(cls.captioner and getattr(cls, "retrieval", False))
+    captioner, retrieval, gold = bool(cls.captioner), bool(cls.captioner and cls.retrieval), bool(cls.gold_retrieval)
+    if retrieval and gold:
+        raise CaprlError(f"runs.{run}.method: objective {method} is a captioner with a listener (retrieval) and "
+                         "sets gold_retrieval too; a run has one retrieval.json: set one of them")
+    return captioner, retrieval, gold

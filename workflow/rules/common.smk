@@ -127,6 +127,11 @@ def table_scores(wildcards):
     return PLAN.scores(wildcards.dataset) + PLAN.retrieval_files(wildcards.dataset)
 
 
+def table_inputs(wildcards):
+    """What a table reads: table_scores, and the gold-caption retrieval results of the listener runs."""
+    return PLAN.table_inputs(wildcards.dataset)
+
+
 def table_settings(wildcards):
     """What a table depends on besides the score files (a change rebuilds it)."""
     return {"tables": PLAN.tables(wildcards.dataset), "runs": RUNS, "dataset": config["datasets"][wildcards.dataset],

@@ -65,3 +65,31 @@ if RETRIEVED_RUNS:
             "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
             " --checkpoint {input.checkpoint} --captions {input.captions} --annotations {input.annotations}"
             " --vocab {input.vocab} --labels {input.labels} --features {input.features} --out {output}"
+
+
+# Per run that pre-trains a listener alone (its objective's gold_retrieval, e.g. method listener):
+# its listener ranks every image of the evaluation split by the image's first gold caption (the
+# caption its validation recall uses), into the same retrieval.json: the tables' upper reference.
+GOLD_RETRIEVED_RUNS = sorted({job.run for ds in DATASETS for job in PLAN.gold_retrieved(ds)})
+
+if GOLD_RETRIEVED_RUNS:
+
+    rule gold_retrieval:
+        input:
+            checkpoint=wp.CHECKPOINT,
+            annotations=wp.ANNOTATIONS,
+            vocab=wp.VOCAB,
+            labels=wp.LABELS,
+            features=features_file,
+        output:
+            wp.RETRIEVAL,
+        wildcard_constraints:
+            run=one_of(GOLD_RETRIEVED_RUNS),
+        params:
+            settings={"split": EVAL_SPLIT, "listener": config["listener"]},
+        log:
+            "logs/{dataset}/retrieval/{run}.log",
+        shell:
+            "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+            " --checkpoint {input.checkpoint} --gold --annotations {input.annotations} --vocab {input.vocab}"
+            " --labels {input.labels} --features {input.features} --out {output}"

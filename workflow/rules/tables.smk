@@ -1,9 +1,10 @@
 # Per dataset and table (datasets.<name>.tables, or tables:): one job reads the evaluated
-# runs' score files and writes results/tables/<dataset>_<table>.{md,csv,tex}. The report
-# shows the CSV (its caption renders it as a table), under the dataset and the table's paper.
+# runs' score files and retrieval results (and the listener runs' gold-caption retrieval results)
+# and writes results/tables/<dataset>_<table>.{md,csv,tex}. The report shows the CSV (its
+# caption renders it as a table), under the dataset and the table's paper.
 rule tables:
     input:
-        scores=table_scores,
+        scores=table_inputs,
     output:
         md=wp.TABLE.replace("{ext}", "md"),
         csv=report(wp.TABLE.replace("{ext}", "csv"), caption="../report/table.rst", category="{dataset}",

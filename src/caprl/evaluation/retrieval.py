@@ -1,12 +1,21 @@
-"""``caprl retrieval``: how well a run's own listener finds each image from its generated caption.
+"""``caprl retrieval``: how well a run's own listener finds each image from a caption of it.
 
-Paper 004, sec. 6.2: every caption of the evaluation split (``captions.json`` of ``caprl
-evaluate``, the captions that were scored) is embedded by the run's listener (the module
-``listener`` of its checkpoint; its sizes are params.yaml ``listener:``) and compared by
-cosine with every image of the split (5,000 on COCO, 1,000 on Flickr30K); the rank of its own
-image gives recall@1/5/10 and the mean and median rank (:func:`caprl.retrieval.recall_report`;
-ties count against the caption). Writes ``{"run", "dataset", "split", "listener", "R@1", "R@5",
-"R@10", "mean_rank", "median_rank", "n_images", "ranks": {image_id: rank}}`` atomically.
+Paper 004, sec. 6.2: every caption of the evaluation split is embedded by the run's listener
+(the module ``listener`` of its checkpoint; its sizes are params.yaml ``listener:``) and
+compared by cosine with every image of the split (5,000 on COCO, 1,000 on Flickr30K); the
+rank of its own image gives recall@1/5/10 and the mean and median rank
+(:func:`caprl.retrieval.recall_report`; ties count against the caption). The captions are
+
+* ``--captions captions.json``: the run's generated captions (``caprl evaluate``'s, the
+  captions that were scored): runs that train a caption model with a listener;
+* ``--gold``: the first gold caption of every image (from the labels file, as the listener's
+  validation recall during its pre-training, :func:`caprl.objectives.listener.gold_recall`,
+  but on the evaluation split): runs that pre-train a listener alone, an upper reference for
+  the generated captions' recall.
+
+Writes ``{"run", "dataset", "split", "listener", "captions", "R@1", "R@5", "R@10",
+"mean_rank", "median_rank", "n_images", "ranks": {image_id: rank}}`` atomically;
+``captions`` is ``"generated"`` or ``"gold"``.
 """
 
 from __future__ import annotations
@@ -24,20 +33,24 @@ from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.data.vocab import Vocab
 from caprl.device import default_device
 from caprl.errors import CaprlError
-from caprl.retrieval import Listener, ListenerConfig, ranks_of, recall_report
+from caprl.retrieval import Listener, ListenerConfig, caption_lengths, ranks_of, recall_report
 
 log = logging.getLogger(__name__)
 
 LISTENER = "listener"  # the checkpoint role of a run's listener
 OWN_LISTENER = "the run's own"  # the report's "listener": which listener ranked the captions
+GENERATED, GOLD = "generated", "gold"  # the report's "captions": which captions ranked the images
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--run", required=True)
     parser.add_argument("--checkpoint", required=True, help="the run's best.pt (must hold a listener)")
-    parser.add_argument("--captions", required=True,
-                        help="the run's captions.json from `caprl evaluate`: [{image_id, caption}]")
+    captions = parser.add_mutually_exclusive_group(required=True)
+    captions.add_argument("--captions", default=None,
+                          help="the run's captions.json from `caprl evaluate`: [{image_id, caption}]")
+    captions.add_argument("--gold", action="store_true",
+                          help="rank by each image's first gold caption (the labels file) instead: a listener run")
     add_data_arguments(parser)
     parser.add_argument("--out", required=True, help="output: results/<dataset>/<run>/retrieval.json")
 
@@ -123,24 +136,61 @@ def pooled_features(data: CaptionData, image_ids: list[int], batch_size: int) ->
                       for k in range(0, len(image_ids), batch_size)])
 
 
-def retrieval_report(params: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Rank the run's captions with its listener against every image of the evaluation split."""
-    data = CaptionData.from_args(args, Loading.from_params(params))
-    listener = load_listener(args.checkpoint, params, len(data.vocab), data.feat_dim, data.vocab.sha256)
-    captions = encode_captions(io.read_json(args.captions, "captions file (caprl evaluate)"), data.vocab,
-                               str(args.captions))
-    split = params["evaluate"]["split"]
-    ids = data.split_ids(split)
+def gold_captions(data: CaptionData, image_ids: list[int],
+                  batch_size: int) -> tuple[dict[int, list[int]], torch.Tensor]:
+    """The first gold caption (token ids, up to its end token) of every image, the one the
+    listener's validation recall uses (:func:`caprl.objectives.listener.first_captions` of the
+    images' batch), and the images' pooled features ``[B, D]``, read in one pass."""
+    from caprl.objectives.listener import first_captions
+
+    captions: dict[int, list[int]] = {}
+    pooled = []
+    for k in range(0, len(image_ids), batch_size):
+        batch = data.batch(image_ids[k:k + batch_size])
+        tokens = first_captions(batch)
+        for image_id, row, length in zip(batch.image_ids, tokens, caption_lengths(tokens)):
+            captions[int(image_id)] = row[: int(length)].tolist()
+        pooled.append(batch.pooled.float())
+    return captions, torch.cat(pooled) if pooled else torch.zeros(0, data.feat_dim)
+
+
+def caption_mode(args: argparse.Namespace) -> str:
+    """``gold`` (``--gold``) or ``generated`` (``--captions FILE``); exactly one of them."""
+    gold, captions = bool(getattr(args, "gold", False)), getattr(args, "captions", None)
+    if gold == (captions is not None):
+        raise CaprlError("caprl retrieval: give exactly one of --captions FILE (a run's generated captions) and "
+                         "--gold (the first gold caption of every image, for a listener run)")
+    return GOLD if gold else GENERATED
+
+
+def generated_captions(path: str | Path, data: CaptionData, split: str, ids: list[int]) -> dict[int, list[int]]:
+    """A ``caprl evaluate`` captions file as token ids; it must caption exactly the split's images."""
+    captions = encode_captions(io.read_json(path, "captions file (caprl evaluate)"), data.vocab, str(path))
     missing, extra = sorted(set(ids) - set(captions)), sorted(set(captions) - set(ids))
     if missing or extra:
-        raise CaprlError(f"{args.captions}: not the {split} split's captions ({len(missing)} of its {len(ids)} "
+        raise CaprlError(f"{path}: not the {split} split's captions ({len(missing)} of its {len(ids)} "
                          f"images without a caption, e.g. {missing[:3]}; {len(extra)} other images, e.g. {extra[:3]})")
+    return captions
+
+
+def retrieval_report(params: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Rank the run's captions (generated, or the first gold ones) with its listener against every
+    image of the evaluation split."""
+    mode = caption_mode(args)
+    data = CaptionData.from_args(args, Loading.from_params(params))
+    listener = load_listener(args.checkpoint, params, len(data.vocab), data.feat_dim, data.vocab.sha256)
+    split = params["evaluate"]["split"]
+    ids = data.split_ids(split)
     batch_size = params["evaluate"]["batch_size"]
-    ranks = retrieval_ranks(listener, captions, ids, pooled_features(data, ids, batch_size), batch_size,
-                            default_device())
+    if mode == GOLD:
+        captions, pooled = gold_captions(data, ids, batch_size)
+    else:
+        captions = generated_captions(args.captions, data, split, ids)
+        pooled = pooled_features(data, ids, batch_size)
+    ranks = retrieval_ranks(listener, captions, ids, pooled, batch_size, default_device())
     report = recall_report([ranks[i] for i in ids])
-    return {"run": args.run, "dataset": args.dataset, "split": split, "listener": OWN_LISTENER, **report,
-            "ranks": {str(i): ranks[i] for i in ids}}
+    return {"run": args.run, "dataset": args.dataset, "split": split, "listener": OWN_LISTENER, "captions": mode,
+            **report, "ranks": {str(i): ranks[i] for i in ids}}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -150,15 +200,18 @@ def main(args: argparse.Namespace) -> None:
     io.write_json(args.out, report)
     from caprl.tracking import Tracker
 
+    # nested under the training run (a listener run has no evaluation run: its training run too)
     train_run_id = checkpoint.mlflow_run_id(args.checkpoint) or None
     recall = {k: report[k] for k in ("R@1", "R@5", "R@10", "mean_rank", "median_rank")}
     with Tracker(params["tracking"]["experiment"], f"{args.dataset}/{args.run}/retrieval", stage="retrieval",
-                 tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run},
+                 tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run,
+                       "captions": report["captions"]},
                  parent_run_id=train_run_id) as tracker:
         tracker.log_metrics(recall)
         tracker.log_artifact(args.out)
-        if train_run_id:  # beside the language metrics in the training run (test/...)
+        if train_run_id:  # beside the language metrics (a listener run: beside its val recall) in the training run
             tracker.log_metrics({f"test/{k}": v for k, v in recall.items()}, run_id=train_run_id)
-    log.info("%s retrieval (%s, %d images): R@1 %.1f%%, R@5 %.1f%%, R@10 %.1f%%, mean rank %.1f -> %s",
-             args.run, report["split"], report["n_images"], 100 * report["R@1"], 100 * report["R@5"],
-             100 * report["R@10"], report["mean_rank"], args.out)
+    log.info("%s retrieval by its %s captions (%s, %d images): R@1 %.1f%%, R@5 %.1f%%, R@10 %.1f%%, "
+             "mean rank %.1f -> %s",
+             args.run, report["captions"], report["split"], report["n_images"], 100 * report["R@1"],
+             100 * report["R@5"], 100 * report["R@10"], report["mean_rank"], args.out)

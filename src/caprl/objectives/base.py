@@ -117,6 +117,9 @@ class Objective(nn.Module):
     select: str = "CIDEr-D"
     #: True if the method trains or holds a listener (role ``listener``): its runs get a retrieval evaluation
     retrieval: bool = False
+    #: True if the method pre-trains a listener alone (no caption model to evaluate): the workflow
+    #: scores its listener on the evaluation split's gold captions (``caprl retrieval --gold``)
+    gold_retrieval: bool = False
     #: Alternating updates (paper 004's REINFORCE joint training: the speaker, then the listener,
     #: each with the other frozen). Empty: one update per batch on :meth:`loss`. Else the trainer
     #: makes one full update (zero_grad, backward, clip, optimiser step) per turn, in this order,

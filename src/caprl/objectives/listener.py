@@ -163,6 +163,7 @@ class ListenerPretraining(ListenerObjective):
     not trained (no optimiser group); validation: recall of the val images' first gold caption."""
 
     captioner = False
+    gold_retrieval = True  # its listener's recall of the test images' first gold captions (caprl retrieval --gold)
     Options = ListenerOptions
     options: ListenerOptions
 

@@ -2,7 +2,8 @@
 
 ``caprl tables --params P --dataset DS --results-dir results/DS --out-dir results/tables``
 reads ``results/DS/<run>/scores.json`` of every captioner run training on DS (see
-:mod:`caprl.tables.runs`) and of the ``most-frequent`` baseline, and writes
+:mod:`caprl.tables.runs`) and of the ``most-frequent`` baseline, the ``retrieval.json`` of
+those runs that have one and of the listener pre-training runs (their gold captions), and writes
 ``<out-dir>/<DS>_<table>.{md,csv,tex}`` for every name in ``tables:``. A table is a
 registered builder ``(params, dataset, scores) -> Table``; scores maps run -> score file.
 """
@@ -13,16 +14,17 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from caprl import io, params as params_mod
 from caprl.io import portable
 from caprl.errors import CaprlError
+from caprl.evaluation.retrieval import GENERATED, GOLD
 from caprl.registry import Registry
 from caprl.params import RunSpec
 from caprl.rewards import reward_unavailable_reason
 from caprl.tables.render import Cell, Table
-from caprl.tables.runs import dataset_runs
+from caprl.tables.runs import dataset_runs, gold_retrieval_runs
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +121,23 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     return table
 
 
-def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) -> Scores:
+def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None,
+                gold: Sequence[str] = ()) -> Scores:
     """``<results_dir>/<run>/scores.json`` of every run that has one; a missing run shows as —.
     Where ``<results_dir>/<run>/retrieval.json`` exists too (``caprl retrieval``), its content
-    is attached as the report's ``retrieval``.
+    is attached as the report's ``retrieval``. The ``gold`` runs (listener pre-training: no
+    scores) get ``{"run", "dataset", "retrieval"}`` where their ``retrieval.json`` (``caprl
+    retrieval --gold``, the first gold captions) exists.
 
-    A file of another run, or (when ``dataset`` is given) of another dataset, is an error."""
+    A file of another run, or (when ``dataset`` is given) of another dataset, or of the other
+    captions (gold for a captioner run, generated for a ``gold`` run), is an error."""
     out: Scores = {}
+    for run in gold:
+        p = results_dir / run / "retrieval.json"
+        if p.exists():
+            out[run] = {"run": run, "dataset": dataset, "retrieval": load_retrieval(p, run, dataset, GOLD)}
+        else:
+            log.warning("no gold-caption retrieval results for listener run %s (%s)", run, p)
     for run in runs:
         p = results_dir / run / "scores.json"
         if not p.exists():
@@ -140,13 +152,14 @@ def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None) 
             raise CaprlError(f"{p}: scores of dataset '{report['dataset']}', not of --dataset {dataset}")
         retrieval = results_dir / run / "retrieval.json"
         if retrieval.exists():
-            report["retrieval"] = load_retrieval(retrieval, run, dataset)
+            report["retrieval"] = load_retrieval(retrieval, run, dataset, GENERATED)
         out[run] = report
     return out
 
 
-def load_retrieval(path: Path, run: str, dataset: str | None = None) -> dict[str, Any]:
-    """A ``caprl retrieval`` report of ``run`` (of ``dataset`` where given), else CaprlError."""
+def load_retrieval(path: Path, run: str, dataset: str | None = None, captions: str = GENERATED) -> dict[str, Any]:
+    """A ``caprl retrieval`` report of ``run`` (of ``dataset`` where given) ranked by ``captions``
+    (``generated``, also a report written before the key existed, or ``gold``), else CaprlError."""
     report = io.read_json(path, "retrieval report")
     if not isinstance(report, dict) or "run" not in report or "R@10" not in report:
         raise CaprlError(f"{path}: not a caprl retrieval report (needs 'run' and 'R@10')")
@@ -154,6 +167,10 @@ def load_retrieval(path: Path, run: str, dataset: str | None = None) -> dict[str
         raise CaprlError(f"{path}: holds the retrieval results of run '{report['run']}', not of '{run}'")
     if dataset is not None and report.get("dataset", dataset) != dataset:
         raise CaprlError(f"{path}: retrieval results of dataset '{report['dataset']}', not of --dataset {dataset}")
+    if report.get("captions", GENERATED) != captions:
+        option = "--gold" if captions == GOLD else "--captions"
+        raise CaprlError(f"{path}: retrieval by the {report.get('captions', GENERATED)} captions, but run '{run}' is "
+                         f"ranked by its {captions} captions (caprl retrieval {option})")
     return report
 
 
@@ -184,7 +201,8 @@ def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     dataset = params_mod.dataset_spec(params, args.dataset)["name"]  # CaprlError naming datasets.<name>
     runs = [view.name for view in dataset_runs(params, dataset)] + [BASELINE_RUN]
-    scores = load_scores(Path(args.results_dir), runs, dataset)
+    gold = [view.name for view in gold_retrieval_runs(params, dataset)]
+    scores = load_scores(Path(args.results_dir), runs, dataset, gold)
     for name, table in build_tables(params, dataset, scores, args.table).items():
         for ext, render in FORMATS.items():
             io.write_text(Path(args.out_dir) / f"{dataset}_{name}.{ext}", render(table))

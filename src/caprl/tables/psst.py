@@ -13,6 +13,11 @@ operating point (``discriminative.operating_points.<dataset>``: a number, or aut
   frozen-speaker runs (single points, their own CIDEr-D), named by their init run's method.
 * ``psst_points``: every run of the family with its λ, ρ, language metrics and recalls.
 
+``psst_table2``, ``psst_table3`` and ``psst_points`` also give, as a note (``psst_points``: a
+row too), the recall of each listener pre-training run (method ``listener``) by the first gold
+caption of every image of the split (``caprl retrieval --gold``): an upper reference for the
+generated captions' recall.
+
 A cell is "—" where the method has no run with both scores and retrieval results, or where
 its curve does not reach the operating point (the notes give the curve's range).
 """
@@ -29,6 +34,7 @@ from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABE
                                     interpolate, method_points, models_of, operating_point, overlap_value, rho_curves,
                                     table_rho, x_range)
 from caprl.tables.render import Cell, Table
+from caprl.tables.runs import gold_retrieval_runs
 
 Rows = list[tuple[str, list[Cell]]]
 ROW_ORDER = list(METHOD_LABELS)
@@ -103,6 +109,26 @@ class Family:
             return (f"{label}: {len(lacking)} of {len(runs)} runs lack scores or retrieval results "
                     f"({', '.join(lacking)}).")
         return None
+
+
+def gold_reports(params: dict[str, Any], dataset: str, scores: Scores) -> dict[str, dict[str, Any] | None]:
+    """Listener pre-training run on ``dataset`` -> its gold-caption retrieval report (None: missing)."""
+    return {spec.name: (scores.get(spec.name) or {}).get("retrieval") for spec in gold_retrieval_runs(params, dataset)}
+
+
+def gold_notes(params: dict[str, Any], dataset: str, scores: Scores) -> list[str]:
+    """One note per listener pre-training run: its recall by the first gold captions of the split."""
+    split = params["evaluate"]["split"]
+    notes = []
+    for run, report in gold_reports(params, dataset, scores).items():
+        if report is None:
+            notes.append(f"Listener {run}: no recall of the first gold captions of the {split} images (its "
+                         "retrieval.json, `caprl retrieval --gold`, is missing).")
+            continue
+        recalls = ", ".join(f"{k} {percent(report[k])}" for k in RECALLS if k in report)
+        notes.append(f"Listener {run}, the first gold caption of each of the {report.get('n_images', '?')} "
+                     f"{report.get('split', split)} images: {recalls} (an upper reference for the captions' recall).")
+    return notes
 
 
 def outside_note(label: str, points: list[Point], x: str, op: OperatingPoint,
@@ -208,7 +234,7 @@ def psst_table2(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     table.rows = curve_rows(family, ROW_ORDER, "CIDEr-D", RECALLS, op, 100.0, 1, paper.TABLE2 if here else None,
                             fraction, notes)
     table.notes = common_notes(family, f"CIDEr-D = {op.describe(fraction)}", home, 2, here, False)
-    table.notes += ["Recall in %."] + notes
+    table.notes += ["Recall in %."] + notes + gold_notes(params, dataset, scores)
     return table
 
 
@@ -278,6 +304,7 @@ def psst_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
                     "shown at its own CIDEr-D (auto operating point: the Frozen Speaker (Luo) run's CIDEr-D)."] + notes
     if not frozen_points(family):
         table.notes.append(f"No {FROZEN} run trains on {dataset}.")
+    table.notes += gold_notes(params, dataset, scores)
     return table
 
 
@@ -285,6 +312,7 @@ def psst_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
 
 
 POINT_COLUMNS = ["λ", "ρ", *LANGUAGE, *RECALLS, "mean rank"]
+GOLD_LABEL = "Listener, first gold caption"  # psst_points' row of a listener run (caprl retrieval --gold)
 
 
 @register_table("psst_points")
@@ -306,13 +334,18 @@ def psst_points(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         cells.append(Cell(v.get("mean_rank")))
         cells = [dataclasses.replace(c, flags=family.flags([p])) for c in cells]
         table.rows.append((f"{family.label(label, p.spec.model)} [{p.spec.name}]", cells))
+    for run, report in gold_reports(params, dataset, scores).items():  # the listeners' upper reference
+        if report is not None:
+            cells = [Cell(None) for _ in range(2 + len(LANGUAGE))]  # no λ, ρ, nor captions of its own
+            cells += [Cell(100.0 * report[k] if k in report else None) for k in RECALLS]
+            table.rows.append((f"{GOLD_LABEL} [{run}]", cells + [Cell(report.get("mean_rank"))]))
     table.notes = ["Language metrics as fractions (official coco-caption implementations); R@K in % and mean rank "
                    "of the run's own listener over every image of the split; — = not evaluated (no scores.json or "
                    "retrieval.json) or not an option of the method.",
                    "Frozen Speaker (Luo / MLE): a frozen_speaker run whose init model is a luo2018 / xe run."]
     if not points:
         table.notes.append(f"No run of paper 004's methods trains on {dataset}.")
-    table.notes += unavailable_notes(family.shown_scores())
+    table.notes += unavailable_notes(family.shown_scores()) + gold_notes(params, dataset, scores)
     return table
 
 

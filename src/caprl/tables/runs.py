@@ -3,7 +3,8 @@
 Runs are one flat mapping ``run -> {method, model, options, init, datasets}``
 (:func:`caprl.params.run_spec`). A run has scores (and so rows) only if its method's
 objective is a captioner (``caprl.objectives.OBJECTIVES[method].captioner``) and it trains
-on the dataset (its ``datasets`` list; default: every enabled dataset).
+on the dataset (its ``datasets`` list; default: every enabled dataset). A run whose method
+pre-trains a listener alone has no scores, only its listener's gold-caption retrieval results.
 """
 
 from __future__ import annotations
@@ -18,6 +19,20 @@ def is_captioner(spec: RunSpec) -> bool:
     from caprl.objectives import OBJECTIVES
 
     return bool(OBJECTIVES.get(spec.method, where=f"runs.{spec.name}.method").captioner)
+
+
+def has_gold_retrieval(spec: RunSpec) -> bool:
+    """True if a run of this method pre-trains a listener alone, scored on the gold captions
+    (``caprl.objectives.OBJECTIVES[method].gold_retrieval``; ``caprl retrieval --gold``)."""
+    from caprl.objectives import OBJECTIVES
+
+    return bool(OBJECTIVES.get(spec.method, where=f"runs.{spec.name}.method").gold_retrieval)
+
+
+def gold_retrieval_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
+    """The listener pre-training runs that train on ``dataset``, in params order."""
+    specs = [run_spec(params, run) for run in compared_runs(params)]
+    return [s for s in specs if dataset in s.datasets and has_gold_retrieval(s)]
 
 
 def dataset_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
