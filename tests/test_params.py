@@ -97,9 +97,11 @@ def test_run_spec_merges_options_over_the_method_defaults() -> None:
     spec = params_mod.run_spec(params, "fc-pg_spider-bcmr")
     assert spec == params_mod.RunSpec(
         name="fc-pg_spider-bcmr", method="pg_spider", model="fc",
-        options={**params["objectives"]["pg_spider"], "reward": "bcmr"}, init={"model": "fc-xe"},
+        options={**params["objectives"]["pg_spider"], **params["runs"]["fc-pg_spider-bcmr"]["options"]},
+        init={"model": "fc-xe"},
         datasets=["synthetic"], decode=params["decode"], source="fc-pg_spider-bcmr")
-    assert params_mod.run_spec(params, "fc-xe").options == {**params["objectives"]["xe"], "epochs": 40}
+    xe = params_mod.run_spec(params, "fc-xe").options
+    assert xe == {**params["objectives"]["xe"], **params["runs"]["fc-xe"]["options"]} and xe["epochs"] == 50
     with pytest.raises(CaprlError, match="unknown run 'nope'"):
         params_mod.run_spec(params, "nope")
 

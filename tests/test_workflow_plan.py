@@ -16,11 +16,13 @@ def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     plan = wp.build_plan(params)
     assert list(plan.datasets) == ["synthetic", "synthetic_video"]
     trained = [job.run for job in plan.trained("synthetic")]
-    assert set(trained) | {run for ds, run in plan.skipped if ds == "synthetic"} == set(params["runs"])
+    video_only = {r for r, e in params["runs"].items() if e.get("datasets") == ["synthetic_video"]}
+    assert video_only == {"fc-xe-video", "fc-sll-video", "fc-sll_me-video", "fc-sll_sle-video"}
+    assert set(trained) | {run for ds, run in plan.skipped if ds == "synthetic"} == set(params["runs"]) - video_only
     # the video set trains only the runs it lists (datasets.synthetic_video.runs)
     video_runs = params["datasets"]["synthetic_video"]["runs"]
     assert [job.run for job in plan.trained("synthetic_video")] == [r for r in params["runs"] if r in video_runs]
-    assert plan.job("synthetic_video", "fc-sll_sle").init == {"model": "runs/synthetic_video/fc-xe/best.pt"}
+    assert plan.job("synthetic_video", "fc-sll_sle-video").init == {"model": "runs/synthetic_video/fc-xe-video/best.pt"}
     job = plan.job("synthetic", "fc-pg_spider-bcmr")
     assert job.init == {"model": "runs/synthetic/fc-xe/best.pt"}
     assert job.init_args() == "--init model=runs/synthetic/fc-xe/best.pt"
