@@ -295,3 +295,16 @@ def test_main_writes_every_table_of_the_dataset(tmp_path: Path) -> None:
     assert str(tmp_path) not in pg_md + main_md
     assert cli.main(["tables", "--params", str(params_file), "--dataset", "nope",
                      "--results-dir", str(results), "--out-dir", str(out)]) == 2  # datasets.nope: no such dataset
+
+
+def test_main_table_says_which_runs_kept_their_starting_weights() -> None:
+    """An RL run whose every epoch was worse on val than its start keeps the start (best_epoch 0,
+    written by caprl evaluate from the checkpoint): the table says so; XE runs and improved runs not."""
+    params = table_params()
+    scores = {"fc-xe": {"run": "fc-xe", "metrics": METRICS, "best_epoch": 40},
+              "fc-scst": {"run": "fc-scst", "metrics": METRICS, "best_epoch": 0},
+              "fc-pg-cider": {"run": "fc-pg-cider", "metrics": METRICS, "best_epoch": 3}}
+    notes = main_table(params, "synthetic", scores).notes
+    kept = [n for n in notes if "beat its starting weights" in n]
+    assert kept == ["fc-scst: no trained epoch beat its starting weights on validation, so its row is the start "
+                    "(model from fc-xe)."]

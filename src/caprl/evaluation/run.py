@@ -116,6 +116,7 @@ def main(args: argparse.Namespace) -> None:
                                 beam_size=decode["beam_size"], max_length=decode["max_length"],
                                 **decoder_settings(params, args.run, decode["method"], value))
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
+                            "best_epoch": (ckpt.position or {}).get("best_epoch"),
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
     extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
     if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:

@@ -65,6 +65,14 @@ def metric_cells(scores: dict[str, Any] | None, metrics: list[tuple[str, str]] =
     return [Cell(100.0 * values[key] if key in values else None, flags=flags) for _, key in metrics]
 
 
+def kept_start_notes(views: list[RunSpec], scores: Scores) -> list[str]:
+    """Runs that start from another run (an ``init``) and whose best validation epoch is the start
+    itself (``best_epoch`` 0 in the score file): no trained epoch beat their starting weights."""
+    kept = [v for v in views if v.init and (scores.get(v.name) or {}).get("best_epoch") == 0]
+    return [f"{v.name}: no trained epoch beat its starting weights on validation, so its row is the start "
+            f"({', '.join(f'{role} from {run}' for role, run in v.init.items())})." for v in kept]
+
+
 def unavailable_notes(scores: Scores) -> list[str]:
     reasons = {m: portable(r) for s in scores.values() for m, r in s.get("unavailable", {}).items()}
     return [f"{m}: not computed ({r})." for m, r in sorted(reasons.items())]
@@ -117,7 +125,7 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         table.rows.append((run_label(view, method_label(view.method)), cells))
     table.rows.append(("most frequent training caption", metric_cells(scores.get(BASELINE_RUN))))
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing."]
-    table.notes += unavailable_notes(scores) + not_trained
+    table.notes += unavailable_notes(scores) + not_trained + kept_start_notes(views, scores)
     return table
 
 
