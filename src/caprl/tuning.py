@@ -100,9 +100,12 @@ def markdown(result: dict[str, Any]) -> str:
                                             _score(point["start"])]) + " |")
         same = entry["current"] == entry["chosen"]
         current = ", ".join(f"{k} {_value(v)}" for k, v in entry["current"].items())
+        index = [p["options"] for p in entry["points"]].index(entry["chosen"])
+        edge = (" The choice is at the grid's edge: a wider grid could do better (a larger budget for every "
+                "method compared).") if len(options) == 1 and index in (0, len(entry["points"]) - 1) else ""
         lines += ["", f"params.yaml runs.{run}: {current} — "
                   + ("the choice." if same else "**not the choice**: set it to "
-                     + ", ".join(f"{k} {_value(v)}" for k, v in entry["chosen"].items()) + "."), ""]
+                     + ", ".join(f"{k} {_value(v)}" for k, v in entry["chosen"].items()) + ".") + edge, ""]
     return "\n".join(lines)
 
 
