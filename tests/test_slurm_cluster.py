@@ -31,6 +31,7 @@ import pytest
 import yaml
 import yte
 
+from caprl.workflow_plan import CPU_BACKBONES
 from conftest import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -204,7 +205,7 @@ def scheduled_jobs(log: str) -> dict[str, tuple[str, dict[str, str]]]:
 
 def gpus_wanted(rule: str, params: dict[str, Any]) -> int:
     """The GPUs a job of this rule should ask for: none but for these rules."""
-    cnn = params["datasets"]["synthetic"]["backbone"] != "patches"
+    cnn = params["datasets"]["synthetic"]["backbone"] not in CPU_BACKBONES
     return {"train": params["train"]["gpus"], "evaluate": 1, "attention_figure": 1, "features": int(cnn)}.get(rule, 0)
 
 

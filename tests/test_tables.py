@@ -197,7 +197,8 @@ def test_pg_spider_table_has_a_mixer_row_chosen_by_method(results: Path, no_spic
 
 def test_the_repository_params_put_fc_mixer_in_the_pg_spider_table() -> None:
     params = default_params()
-    assert params["runs"]["fc-mixer"] == {"method": "mixer", "model": "fc", "init": {"model": "fc-xe"}}
+    mixer = params["runs"]["fc-mixer"]
+    assert (mixer["method"], mixer["model"], mixer["init"]) == ("mixer", "fc", {"model": "fc-xe"})
     table = pg_spider_table(params, "synthetic", {})
     assert "fc (MIXER) [fc-mixer]" in [label for label, _ in table.rows]
 
