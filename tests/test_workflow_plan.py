@@ -34,7 +34,7 @@ def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     assert "listener" not in retrieved and "fc-xe" not in retrieved and not plan.retrieved("synthetic_video")
     assert plan.job("synthetic", "fc-frozen_speaker_luo").init == {
         "model": "runs/synthetic/fc-luo2018-lam0_5/best.pt", "listener": "runs/synthetic/listener/best.pt"}
-    assert plan.job("synthetic", "fc-st_gumbel-lam0_9").spec.decode["beam_size"] == 2
+    assert plan.job("synthetic", "fc-st_gumbel-lam0_1").spec.decode["beam_size"] == 2
     assert plan.psst_pngs("synthetic") == ["results/figures/synthetic/psst_fig3.png",
                                            "results/figures/synthetic/psst_fig4.png"]
     video_tables = params["datasets"]["synthetic_video"]["tables"]
