@@ -13,12 +13,9 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
 from caprl.retrieval import ListenerConfig
-from toy import CONSTANT_LR, WORDS, count_red, decode
+from toy import CAPTIONS, CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode  # noqa: F401 (re-exported)
 
-FEAT = 5
 CONFIG = ListenerConfig(word_size=8, hidden_size=12, margin=0.2)
-# the 4 kinds of toy image and their caption: "a red circle", "a red square", "a blue circle", "a blue square"
-CAPTIONS = [[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0]]
 
 BASE = {"lr": 1e-2, "epochs": 1, **CONSTANT_LR}
 JOINT = {**BASE, "lam": 0.5, "n_samples": 2, "reward": "count_red"}
@@ -28,30 +25,6 @@ PSST = {**ST, "rho": 0.5, "variant": "paper"}
 OPTIONS: dict[str, dict[str, Any]] = {
     "listener": {**BASE, "warmup_epochs": 1}, "luo2018": JOINT, "reinforce_joint": TRAINED, "st_gumbel": ST, "st_multinomial": ST,
     "psst_gumbel": PSST, "psst_multinomial": PSST, "frozen_speaker": {**BASE, "n_samples": 2}}
-
-
-class ToyData:
-    """Image i is of kind i % 4 (its pooled feature: that kind's one-hot plus noise) and has
-    two gold captions, both its kind's caption. Train ids 0..15, val ids 100..107."""
-
-    def split_ids(self, split: str) -> list[int]:
-        return list(range(16)) if split == "train" else list(range(100, 108))
-
-    def features_of(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled, regions = [], []
-        for i in ids:
-            gen = torch.Generator().manual_seed(i)
-            pooled.append(F.one_hot(torch.tensor(i % 4), FEAT).float() + 0.1 * torch.randn(FEAT, generator=gen))
-            regions.append(torch.randn(3, FEAT, generator=gen))
-        return torch.stack(pooled), torch.stack(regions)
-
-    def batch(self, ids: list[int]) -> Batch:
-        pooled, regions = self.features_of(ids)
-        labels = torch.tensor([CAPTIONS[i % 4] for i in ids for _ in range(2)])
-        return Batch(list(ids), pooled, regions, labels, torch.arange(len(ids)).repeat_interleave(2))
-
-    def decode(self, tokens: torch.Tensor) -> list[list[str]]:
-        return decode(tokens)
 
 
 def make_env(**extras: Any) -> ObjectiveEnv:

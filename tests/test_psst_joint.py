@@ -18,7 +18,7 @@ from caprl.objectives import Batch, Objective
 from caprl.objectives.discriminative import speaker_samples
 from caprl.retrieval import vse_hinge
 from listener_toy import grad_sum, is_one_hot, make, record_decodes, record_listener_inputs, same, snapshot
-from toy import WORDS, count_red, decode
+from toy import WORDS, count_red, decode, record_step_inputs
 
 V = len(WORDS)
 JOINT_METHODS = ["luo2018", "reinforce_joint", "st_gumbel", "st_multinomial", "psst_gumbel", "psst_multinomial"]
@@ -28,19 +28,6 @@ def speaker_loss(objective: Objective, model: Any, batch: Batch) -> tuple[torch.
     """The loss that trains the speaker: reinforce_joint's speaker turn, every other method's loss."""
     turns = getattr(objective, "turns", ())
     return objective.turn_loss(model, batch, "speaker") if turns else objective.loss(model, batch)
-
-
-def record_step_inputs(model: Any) -> list[torch.Tensor]:
-    """Wrap the speaker's ``step`` so every call records the words (ids or rows) it reads."""
-    seen: list[torch.Tensor] = []
-    real = model.step
-
-    def step(words: torch.Tensor, ctx: Any, state: Any) -> Any:
-        seen.append(words)
-        return real(words, ctx, state)
-
-    model.step = step
-    return seen
 
 
 # --- PSST, variant paper (the text) and code (the authors' code) ------------------------------------

@@ -15,6 +15,7 @@ from caprl import decoding
 from caprl.decoding import ESTIMATORS
 from caprl.errors import CaprlError
 from caprl.models import MODELS, build_model, timeshared
+from toy import record_step_inputs
 
 V, FEAT, REGIONS = 9, 6, 4
 ARCHS = sorted(name for name, _ in MODELS.items())
@@ -31,19 +32,6 @@ def make_model(arch: str, dropout: float = 0.0) -> Any:
 def encode(model: Any, images: int = 3) -> Any:
     gen = torch.Generator().manual_seed(1)
     return model.encode(torch.randn(images, FEAT, generator=gen), torch.randn(images, REGIONS, FEAT, generator=gen))
-
-
-def record_inputs(model: Any) -> list[torch.Tensor]:
-    """Wrap the model's ``step`` so every call records the words (ids or rows) it reads."""
-    seen: list[torch.Tensor] = []
-    real = model.step
-
-    def step(words: torch.Tensor, ctx: Any, state: Any) -> Any:
-        seen.append(words)
-        return real(words, ctx, state)
-
-    model.step = step
-    return seen
 
 
 # --- task 1: every architecture reads rows over the vocabulary -------------------------------------
@@ -118,7 +106,7 @@ RELAXED = torch.tensor([True, False, True])
 def decode_with(feed: str, relaxed: torch.Tensor | None = RELAXED, estimator: str = "st_multinomial",
                 seed: int = 4, arch: str = "topdown") -> tuple[decoding.Samples, list[torch.Tensor], Any]:
     model = make_model(arch).train()
-    seen = record_inputs(model)
+    seen = record_step_inputs(model)
     torch.manual_seed(seed)
     out = decoding.sample(model, encode(model), 5, estimator=ESTIMATORS[estimator](1.0), relaxed=relaxed, feed=feed)
     return out, seen, model

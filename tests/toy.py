@@ -102,3 +102,16 @@ def fit(trainer: Any) -> list[dict[str, Any]]:
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def record_step_inputs(model: Any) -> list[torch.Tensor]:
+    """Wrap the model's ``step`` so every call records the words (ids or rows) it reads."""
+    seen: list[torch.Tensor] = []
+    real = model.step
+
+    def step(words: torch.Tensor, ctx: Any, state: Any) -> Any:
+        seen.append(words)
+        return real(words, ctx, state)
+
+    model.step = step
+    return seen
