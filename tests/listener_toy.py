@@ -13,7 +13,7 @@ from caprl import decoding
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
 from caprl.retrieval import ListenerConfig
-from toy import CAPTIONS, CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode  # noqa: F401 (re-exported)
+from toy import CAPTIONS, CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode, same, snapshot  # noqa: F401 (re-exported)
 
 CONFIG = ListenerConfig(word_size=8, hidden_size=12, margin=0.2)
 
@@ -39,14 +39,6 @@ def make(method: str, options: dict[str, Any] | None = None, seed: int = 0) -> t
     batch = ToyData().batch([0, 1, 2, 3])
     batch.noise = decoding.Noise(seed=0, step=0, total=4)
     return model, objective, batch
-
-
-def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-
-def same(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> bool:
-    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
 
 
 def record_listener_inputs(objective: Objective) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

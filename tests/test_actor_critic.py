@@ -27,7 +27,7 @@ from caprl.tables import ac_numbers as paper
 from caprl.tables.actor_critic import ac_table1
 from caprl.tables.render import Cell, Table
 from conftest import REPO, default_params
-from toy import CAPTIONS, CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode, toy_trainer
+from toy import CAPTIONS, CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode, same, snapshot, toy_trainer
 from toy import fit as toy_fit
 
 PAPER_TEXT = REPO.parent / "shared" / "papers" / "003_45a29dab880026f9.txt"
@@ -51,14 +51,6 @@ def make(method: str, options: dict[str, Any] | None = None, seed: int = 0, wher
     batch = ToyData().batch([0, 1, 2, 3])
     batch.noise = decoding.Noise(seed=0, step=0, total=4)
     return model, objective, batch
-
-
-def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-
-def same(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> bool:
-    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
 
 
 def no_grad(module: torch.nn.Module) -> bool:

@@ -115,3 +115,12 @@ def record_step_inputs(model: Any) -> list[torch.Tensor]:
 
     model.step = step
     return seen
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def same(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    """Every tensor of the module's state equals the snapshot's."""
+    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
