@@ -145,6 +145,11 @@ def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
     assert diversity["bs"]["CIDEr-D"] == pytest.approx(scores["metrics"]["CIDEr-D"]) or \
         diversity["settings"]["beams"] != PARAMS["decode"]["beam_size"]
     assert all(len(ex["rs"]) == n and len(ex["bs"]) == n for ex in diversity["examples"])
+    greedy = {name: s["greedy"]["metrics"]["CIDEr-D"] for name, s in all_scores(snakemake_run).items()
+              if not name.endswith("/most-frequent")}
+    assert greedy and all(0 <= v < 10 for v in greedy.values()), greedy  # evaluate.greedy: every run
+    main = (tables / f"{VIDEO}_main.md").read_text()
+    assert "| C | S | C greedy |" in main
 
 
 def test_paper_004_runs_are_ranked_and_tabled(snakemake_run: Path) -> None:

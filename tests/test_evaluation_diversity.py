@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 import pytest
 from conftest_rewards import coco_tokens
 from pycocoevalcap.bleu.bleu import Bleu
@@ -79,3 +80,31 @@ def test_set_scores_cider_is_the_official_cider_d_mean_or_top_caption():
     assert TABLE4_PRECISION == {"rs": "mean", "bs": "top"}  # the paper's: rs averaged, bs the top beam
     with pytest.raises(CaprlError, match="unknown precision 'median'"):
         set_scores(sets, references, "median")
+
+
+def test_greedy_report_is_the_official_cider_d_of_the_greedy_captions() -> None:
+    """``evaluate.greedy``: the greedy captions (validation's decoding) scored by pycocoevalcap's
+    CIDEr-D with df from the split's references; a greedy main decoding is not decoded twice."""
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    from caprl.evaluation.run import decoded_captions, greedy_report
+    from caprl.models import build_model
+    from toy import FEAT, WORDS, ToyData
+
+    torch.manual_seed(0)
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), FEAT, 3).eval()
+    data, ids = ToyData(), ToyData().split_ids("val")
+    params = {"evaluate": {"batch_size": 3}, "decode": {"max_length": 6}}
+    greedy = decoded_captions(model, data, ids, "greedy", 3, max_length=6)
+    others = ["a red circle", "a blue square", "a red square"]
+    references = {i: others[: 1 + k % 3] + [greedy[i]] * (k % 2) for k, i in enumerate(ids)}  # half say it
+    report = greedy_report(model, data, ids, references, params)
+    gts = PTBTokenizer().tokenize({i: [{"caption": r} for r in references[i]] for i in ids})
+    res = PTBTokenizer().tokenize({i: [{"caption": greedy[i]}] for i in ids})
+    official = Cider().compute_score(gts, res)[0]
+    assert official > 0.1 and report == {"metrics": {"CIDEr-D": pytest.approx(official, abs=1e-9)}}
+    given = {i: "a red circle" for i in ids}  # the main decoding's greedy captions: scored as given
+    res = PTBTokenizer().tokenize({i: [{"caption": given[i]}] for i in ids})
+    assert greedy_report(model, data, ids, references, params, given)["metrics"]["CIDEr-D"] == pytest.approx(
+        Cider().compute_score(gts, res)[0], abs=1e-9) != pytest.approx(official)

@@ -309,3 +309,22 @@ def test_main_table_says_which_runs_kept_their_starting_weights() -> None:
     kept = [n for n in notes if "beat its starting weights" in n]
     assert kept == ["fc-scst: no trained epoch beat its starting weights on validation, so its row is the start "
                     "(model from fc-xe)."]
+
+
+def test_main_table_has_the_greedy_cider_column_when_evaluate_greedy_is_set() -> None:
+    """``evaluate.greedy``: a "C greedy" column from each score file's ``greedy`` section (— where
+    a score file has none); the most-frequent baseline's single caption scores the same either way."""
+    params = table_params()
+    scores = {"fc-xe": {"run": "fc-xe", "metrics": METRICS, "greedy": {"metrics": {"CIDEr-D": 0.9}}},
+              "fc-scst": {"run": "fc-scst", "metrics": METRICS},
+              "most-frequent": {"run": "most-frequent", "metrics": {**METRICS, "CIDEr-D": 0.3}}}
+    assert "C greedy" not in main_table(params, "synthetic", scores).columns
+    params["evaluate"]["greedy"] = True
+    table = main_table(params, "synthetic", scores)
+    assert table.columns[-1] == "C greedy" and table.columns[-3] == "C"
+    cells = rows(table)
+    assert cells["fc (XE) [fc-xe]"][-1].ours == pytest.approx(90.0)
+    assert cells["fc (SCST) [fc-scst]"][-1].ours is None
+    assert [c.ours for c in cells["most frequent training caption"][-3:]] == [pytest.approx(30.0), None,
+                                                                            pytest.approx(30.0)]
+    assert any(n.startswith("C greedy: CIDEr-D of the greedy captions") for n in table.notes)

@@ -80,6 +80,16 @@ def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]], preci
     """
     if precision not in PRECISIONS:
         raise CaprlError(f"diversity: unknown precision '{precision}'; known: {', '.join(sorted(PRECISIONS))}")
+    per_image = official_cider_d(sets, references)
+    return {"CIDEr-D": PRECISIONS[precision](per_image), "CIDEr-D_mean": PRECISIONS["mean"](per_image),
+            **diversity({i: sets[i] for i in sorted(sets)})}
+
+
+def official_cider_d(sets: CaptionSets, references: Mapping[int, Sequence[str]]) -> list[np.ndarray]:
+    """The official CIDEr-D of every caption of every set (one array per image, sorted image ids,
+    each in its set's order): candidates and raw references PTB-tokenised by pycocoevalcap's
+    tokenizer (one JVM call) and scored by our engine with document frequencies from these
+    references, as pycocoevalcap's CiderD does (``tests/test_evaluation_diversity.py``)."""
     from caprl.metrics.official import ptb_tokenize
     from caprl.rewards import build_reward
 
@@ -94,6 +104,4 @@ def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]], preci
     owners = [i for i in ids for _ in sets[i]]
     candidates = [(tokens[("cand", i, j)] or [""])[0].split() for i in ids for j in range(len(sets[i]))]
     cider = build_reward("cider_d", refs)(owners, candidates)
-    per_image = np.split(cider, np.cumsum([len(sets[i]) for i in ids])[:-1])
-    return {"CIDEr-D": PRECISIONS[precision](per_image), "CIDEr-D_mean": PRECISIONS["mean"](per_image),
-            **diversity({i: sets[i] for i in ids})}
+    return np.split(cider, np.cumsum([len(sets[i]) for i in ids])[:-1])

@@ -5,6 +5,10 @@ lookahead inference (``decode.method: lookahead``, :mod:`caprl.lookahead`); with
 ``evaluate.lookahead`` set, its lookahead captions are also scored, beside the main decoding's,
 into the score file's ``lookahead`` section (one evaluate job gives both rows of paper 003's
 Table 1).
+
+With ``evaluate.greedy`` set, the greedy captions (the decoding that best-epoch selection
+validates with) are scored too, by the official CIDEr-D, into ``greedy``: RL methods gain most
+in greedy decoding, while an XE model gains most from the beam, so the main table shows both.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
 from caprl.evaluation import degenerate
-from caprl.evaluation.diversity import TABLE4_PRECISION, set_scores
+from caprl.evaluation.diversity import TABLE4_PRECISION, official_cider_d, set_scores
 from caprl.evaluation.report import score_and_record
 from caprl.metrics.official import OfficialScorer
 from caprl.metrics.score_cli import load_references
@@ -121,11 +125,27 @@ def main(args: argparse.Namespace) -> None:
     extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
     if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:
         extra["diversity"] = diversity_report(model, data, ids, references, params)
+    if params["evaluate"].get("greedy"):
+        same = captions if decode["method"] == "greedy" else None
+        extra["greedy"] = greedy_report(model, data, ids, references, params, same)
     if value is not None and params["evaluate"].get("lookahead"):
         same = captions if decode["method"] == "lookahead" else None
         extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, same)
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples, extra=extra, train_run_id=ckpt.mlflow_run_id)
+
+
+def greedy_report(model: CaptionModel, data: CaptionData, image_ids: list[int], references: dict[int, list[str]],
+                  params: dict[str, Any], captions: dict[int, str] | None = None) -> dict[str, Any]:
+    """The official CIDEr-D of the greedy captions of ``image_ids`` (``captions`` if the main
+    decoding is greedy already), the decoding best-epoch selection validates with."""
+    if captions is None:
+        captions = decoded_captions(model, data, image_ids, "greedy", params["evaluate"]["batch_size"],
+                                    max_length=params["decode"]["max_length"])
+    sets = {i: [captions[i].split()] for i in image_ids}
+    cider = float(sum(float(s[0]) for s in official_cider_d(sets, references)) / max(1, len(sets)))
+    log.info("greedy: CIDEr-D %.4f", cider)
+    return {"metrics": {"CIDEr-D": cider}}
 
 
 def run_decode(params: dict[str, Any], run: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ BASELINE_RUN = "most-frequent"  # the trivial baseline's score file (caprl basel
 PAPER_DATASET = "coco"  # the papers' dataset: tables show the papers' numbers beside ours
 METHOD_LABELS = {"xe": "XE", "scst": "SCST", "c2f": "C2F", "pg_spider": "PG-SPIDEr", "actor_critic": "actor-critic",
                  "mixer": "MIXER"}
+CIDER = [key for _, key in METRICS].index("CIDEr-D")
 UNAVAILABLE = "unavailable"  # a cell of a run that could not run on this machine
 
 Scores = dict[str, dict[str, Any]]
@@ -71,6 +72,12 @@ def kept_start_notes(views: list[RunSpec], scores: Scores) -> list[str]:
     kept = [v for v in views if v.init and (scores.get(v.name) or {}).get("best_epoch") == 0]
     return [f"{v.name}: no trained epoch beat its starting weights on validation, so its row is the start "
             f"({', '.join(f'{role} from {run}' for role, run in v.init.items())})." for v in kept]
+
+
+def greedy_cell(scores: dict[str, Any] | None) -> Cell:
+    """The run's greedy CIDEr-D in % (``caprl evaluate`` with ``evaluate.greedy``), flagged as its row."""
+    value = ((scores or {}).get("greedy") or {}).get("metrics", {}).get("CIDEr-D")
+    return Cell(None if value is None else 100.0 * value, flags=degenerate_flags(scores))
 
 
 def unavailable_notes(scores: Scores) -> list[str]:
@@ -113,18 +120,24 @@ def not_trained_reason(params: dict[str, Any], view: RunSpec, scores: Scores) ->
 @register_table("main")
 def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline."""
-    table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS])
+    greedy = bool(params["evaluate"].get("greedy"))
+    table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy)
     order = {model: i for i, model in enumerate(params["models"])}
     views = dataset_runs(params, dataset)
     not_trained = []
     for view in sorted(views, key=lambda v: order.get(v.model, len(order))):  # stable: params order in a model
         cells, reason = metric_cells(scores.get(view.name)), not_trained_reason(params, view, scores)
+        cells += [greedy_cell(scores.get(view.name))] * greedy
         if reason is not None:
             cells = [Cell(None, missing=UNAVAILABLE) for _ in cells]
             not_trained.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
         table.rows.append((run_label(view, method_label(view.method)), cells))
-    table.rows.append(("most frequent training caption", metric_cells(scores.get(BASELINE_RUN))))
+    baseline = metric_cells(scores.get(BASELINE_RUN))
+    table.rows.append(("most frequent training caption", baseline + [baseline[CIDER]] * greedy))  # one caption: any decoder
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing."]
+    if greedy:
+        table.notes.append("C greedy: CIDEr-D of the greedy captions, the decoding that selects every run's epoch on "
+                           "validation; RL training gains most there, an XE model most from the beam.")
     table.notes += unavailable_notes(scores) + not_trained + kept_start_notes(views, scores)
     return table
 
