@@ -147,6 +147,16 @@ def init_params(**init: str) -> dict[str, Any]:
     return params
 
 
+LOOKAHEAD_ON_XE = ("runs.fc-xe.decode.method: lookahead decoding needs a value network, which method xe of run "
+                   "fc-xe does not train (only actor_critic runs have one): decode it with greedy or beam")
+
+
+def lookahead_params() -> dict[str, Any]:
+    params = init_params()
+    params["runs"]["fc-xe"]["decode"] = {"method": "lookahead"}
+    return params
+
+
 def test_snakemake_names_the_init_key_before_building_the_dag(tmp_path: Path) -> None:
     """Every variant in its own copy of the workflow, the dry runs side by side."""
     not_listed = init_params()
@@ -161,6 +171,10 @@ def test_snakemake_names_the_init_key_before_building_the_dag(tmp_path: Path) ->
         # a run starting from one that cannot run here is skipped, and says why (design: the rest runs)
         "run fc-scst on dataset synthetic is skipped: starts from run fc-pg_spider-spider, which is skipped":
             init_params(model="fc-pg_spider-spider"),
+        # what the method has: the stages refuse the same in the same words (caprl.run_checks)
+        "runs.fc-scst.init.listener: method scst has no module 'listener' (its runs train model); drop "
+        "init.listener": init_params(model="fc-xe", listener="fc-xe"),
+        LOOKAHEAD_ON_XE: lookahead_params(),
     }
     jobs = {expected: snakemake_dry_run(tmp_path / str(k), params)
             for k, (expected, params) in enumerate(variants.items())}
@@ -336,3 +350,72 @@ def test_all_empty_captions_are_scored_zero_not_crashed() -> None:
 
     assert ReferenceSet({1: [[], []], 2: [[]]}).run_gid.shape == (0,)
     assert np.array_equal(leave_one_out_bleu([[[], []], [[], []]]), np.zeros((4, 4)))
+
+
+# -- 5. what a run asks of its method, and inputs that belong together (issue 23) -------------
+
+def train_fc_scst(dataset: DatasetPaths, *args: Any) -> subprocess.CompletedProcess[str]:
+    out = dataset.workdir / "out-scst"
+    return caprl("train", dataset.params, "--dataset", "synthetic", "--run", "fc-scst", *args,
+                 "--checkpoint", out / "best.pt", "--history", out / "history.json", "--state-dir", out / "state",
+                 cwd=dataset.workdir)
+
+
+def test_train_refuses_a_caption_model_from_a_run_that_trains_none(dataset: DatasetPaths) -> None:
+    """``--init model=`` a listener's checkpoint: its caption model is untrained; refused before
+    any work, in the plan's words."""
+    listener = degenerate_checkpoint(dataset, "listener", "listener", "a")
+    err = user_error(train_fc_scst(dataset, *dataset.train_args(), "--init", f"model={listener}"), "train")
+    assert err.endswith(f"--init model={listener}: runs.fc-scst.init.model: run listener (method listener) trains "
+                        "no caption model, so its checkpoint's caption model is untrained; name a run that trains "
+                        "one (e.g. an xe run)")
+    assert not (dataset.workdir / "out-scst").exists()
+
+
+def test_evaluate_refuses_lookahead_for_a_run_without_a_value_network_in_the_plans_words(
+        dataset: DatasetPaths) -> None:
+    xe = degenerate_checkpoint(dataset, "fc-xe", "xe", "a")
+    params = yaml.safe_load(dataset.params.read_text())
+    params["runs"]["fc-xe"]["decode"] = {"method": "lookahead"}
+    params_path = write_params(dataset.workdir / "lookahead", params)
+    out = dataset.workdir / "lookahead"
+    proc = caprl("evaluate", params_path, "--dataset", "synthetic", "--run", "fc-xe", "--checkpoint", xe,
+                 "--annotations", dataset.annotations, "--vocab", dataset.vocab, "--labels", dataset.labels,
+                 "--features", dataset.features, "--refs", dataset.references["test"],
+                 "--out-captions", out / "captions.json", "--out-scores", out / "scores.json",
+                 "--out-examples", out / "examples.json", cwd=dataset.workdir)
+    assert user_error(proc, "evaluate").endswith(LOOKAHEAD_ON_XE)
+    assert not (out / "scores.json").exists()
+
+
+def foreign_features(dataset: DatasetPaths, name: str, attrs: dict[str, str]) -> Path:
+    """A copy of the dataset's features file with ``attrs`` changed (as another dataset's would be)."""
+    import h5py
+
+    path = dataset.workdir / name
+    shutil.copy(dataset.features, path)
+    with h5py.File(path, "a") as h5:
+        h5.attrs.update(attrs)
+    return path
+
+
+@pytest.mark.parametrize("attrs, says", [
+    ({"dataset": "bigger"}, "was extracted for dataset 'bigger', but {annotations} is dataset 'synthetic'"),
+    ({"annotations_sha": "0123456789abcdef"}, "was extracted from annotations with fingerprint 0123456789abcdef, "
+                                              "but {annotations} has "),
+])
+def test_train_refuses_features_extracted_from_other_annotations(dataset: DatasetPaths, attrs: dict[str, str],
+                                                                  says: str) -> None:
+    """The features' provenance (dataset, fingerprint of the annotations' ids and splits, written by
+    ``caprl features``) is checked before training: features of other images are refused, both
+    files named, with the command that makes the right one."""
+    import h5py
+
+    with h5py.File(dataset.features) as h5:
+        assert h5.attrs["dataset"] == "synthetic" and len(h5.attrs["annotations_sha"]) == 16
+    features = foreign_features(dataset, "features_other.h5", attrs)
+    args = [a if a != str(dataset.features) else str(features) for a in dataset.train_args()]
+    err = user_error(train_fc_scst(dataset, *args), "train")
+    assert f"error: {features} " + says.format(annotations=dataset.annotations) in err
+    assert f"re-extract it from {dataset.annotations}" in err
+    assert not (dataset.workdir / "out-scst").exists()

@@ -99,3 +99,23 @@ def test_objective_modules_train_alone_and_select_the_best_epoch(dataset: Datase
     assert last.optimizer is not None and [g["lr"] for g in last.optimizer["param_groups"]] == [5e-2]
     # the caption model had no optimiser group: its weights are the same in every checkpoint
     assert all(torch.equal(ckpt.modules["model"].state[k], v) for k, v in last.modules["model"].state.items())
+
+
+def test_every_method_declares_the_modules_it_builds() -> None:
+    """``Objective.holds`` (what the plan and the stages check init roles and decoders against,
+    :mod:`caprl.run_checks`) is exactly what each registered method's objective checkpoints."""
+    from caprl.models import build_model
+    from caprl.objectives import ObjectiveEnv, build_objective
+    from caprl.retrieval import ListenerConfig
+    from toy import FEAT, WORDS, count_red, decode
+
+    params = default_params()
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), FEAT, 3)
+    env = ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6,
+                       extras={"listener": ListenerConfig.from_dict(params["listener"]), "feat_dim": FEAT,
+                               "seed": 0, "steps_per_epoch": 2})
+    built = {name: build_objective(name, dict(params["objectives"].get(name, {})), env, model, where=name)
+             for name in OBJECTIVES if name != NAME}
+    assert {name: sorted(o.modules_to_save()) for name, o in built.items()} == \
+        {name: sorted(type(o).holds) for name, o in built.items()}
+    assert {name for name, o in built.items() if "value" in type(o).holds} == {"actor_critic", "value"}

@@ -324,25 +324,27 @@ def build_plan(params: dict[str, Any]) -> Plan:
                 plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval, gold, tuning)
             else:
                 plan.skipped[(dataset, run)] = reason
-    _check_init_models(plan)
+    _check_runs(plan)
     return plan
 
 
-def _check_init_models(plan: Plan) -> None:
-    """``runs.<run>.init.model`` must name a run that trains a caption model: a listener or value
-    run's checkpoint holds an untrained one, or only the one it started from."""
+def _check_runs(plan: Plan) -> None:
+    """What each run asks of its method (:mod:`caprl.run_checks`, the checks the stages make too):
+    init roles its method has, ``init.model`` from a run that trains a caption model, and an
+    evaluation decoder whose module the method trains."""
+    from caprl import run_checks
+
     for (ds, _), job in plan.jobs.items():
-        source = job.spec.init.get("model")
-        origin = plan.jobs.get((ds, source))
-        if origin is None or origin.captioner:
-            continue
-        before = origin.spec.init.get("model")
-        if before:
-            what, fix = "the one it started from", f"name run {before} (runs.{source}.init.model)"
-        else:
-            what, fix = "untrained", "name a run that trains one (e.g. an xe run)"
-        raise CaprlError(f"runs.{job.spec.source}.init.model: run {source} (method {origin.spec.method}) trains no "
-                         f"caption model, so its checkpoint's caption model is {what}; {fix}")
+        spec = job.spec
+        for role in spec.init:
+            run_checks.refuse(run_checks.init_role_problem(spec.source, spec.method, role))
+        origin = plan.jobs.get((ds, spec.init.get("model", "")))
+        if origin is not None:
+            run_checks.refuse(run_checks.init_model_problem(spec.source, origin.spec.source, origin.spec.method,
+                                                            origin.spec.init))
+        if job.captioner:
+            key = run_checks.decode_key(plan.params, job.run)
+            run_checks.refuse(run_checks.decoder_problem(job.run, spec.method, spec.decode["method"], key))
 
 
 def _check_generated(spec: dict[str, Any]) -> None:

@@ -159,11 +159,13 @@ def _index(paths: Sequence[Path]) -> tuple[dict[int, tuple[int, int, int]], int]
 
 
 def convert(tsv_paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, dim: int = FEATURE_DIM,
-            image_ids: Collection[int] | None = None, dataset: str | None = None) -> int:
+            image_ids: Collection[int] | None = None, dataset: str | None = None,
+            annotations_sha: str | None = None) -> int:
     """Write the rows of ``tsv_paths`` as a features file at ``out`` (atomically; layout above).
 
     ``image_ids``: keep only these images (rows of others are dropped), and every one of them
-    must be in the files. Returns the number of rows written.
+    must be in the files; ``dataset`` and ``annotations_sha`` (the annotations' fingerprint) are
+    recorded for the provenance check of the stages that read the file. Returns the rows written.
     """
     _raise_field_limit()
     paths = [Path(p) for p in tsv_paths]
@@ -182,7 +184,8 @@ def convert(tsv_paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
     attrs = {"backbone": "bottomup", "grid": 0, "dim": dim, "n_regions": n_boxes,
              "backbone_config": json.dumps({"source": "bottom-up-attention TSV (Anderson et al. 2018)",
                                             "files": [p.name for p in paths], "boxes": n_boxes}, sort_keys=True),
-             **({"dataset": dataset} if dataset else {})}
+             **({"dataset": dataset} if dataset else {}),
+             **({"annotations_sha": annotations_sha} if annotations_sha else {})}
     with atomic_path(out) as tmp, h5py.File(tmp, "w") as h5:
         for key, value in attrs.items():
             h5.attrs[key] = value
@@ -222,9 +225,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    image_ids = None
+    image_ids, fingerprint = None, None
     if args.annotations:
-        from caprl.data.annotations import load_annotations
+        from caprl.data.annotations import annotations_fingerprint, load_annotations
 
-        image_ids = [int(im["id"]) for im in load_annotations(args.annotations)["images"]]
-    convert(args.tsv, args.out, dim=args.dim, image_ids=image_ids, dataset=args.dataset)
+        annotations = load_annotations(args.annotations)
+        image_ids = [int(im["id"]) for im in annotations["images"]]
+        fingerprint = annotations_fingerprint(annotations)
+    convert(args.tsv, args.out, dim=args.dim, image_ids=image_ids, dataset=args.dataset, annotations_sha=fingerprint)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from caprl.data.annotations import load_annotations
+from caprl.data.annotations import check_features_provenance, load_annotations
 from caprl.data.vocab import Labels, Vocab
 from caprl.features.store import Features, open_features_file
 from caprl.data.batch import Batch
@@ -72,6 +72,7 @@ class CaptionData:
         self.features = Features(paths.features, in_memory=self.loading.keep_in_memory(paths.features),
                                  cache_bytes=self.loading.cache_mib * 2**20)
         self.annotations: dict[str, Any] = load_annotations(paths.annotations)
+        check_features_provenance(paths.features, self.features.attrs, paths.annotations, self.annotations)
 
     @property
     def feat_dim(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from caprl import checkpoint, decoding, params as params_mod
+from caprl import checkpoint, decoding, params as params_mod, run_checks
 from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
@@ -114,6 +114,9 @@ def main(args: argparse.Namespace) -> None:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
     decode = run_decode(params, args.run, ckpt.run)
+    if ckpt.run.get("method"):  # what the plan refuses too (caprl.run_checks)
+        run_checks.refuse(run_checks.decoder_problem(args.run, ckpt.run["method"], decode["method"],
+                                                     run_checks.decode_key(params, args.run)))
     value = value_from_checkpoint(ckpt, where=args.checkpoint)
     value = value.to(default_device()).eval() if value is not None else None
     captions = decoded_captions(model, data, ids, decode["method"], params["evaluate"]["batch_size"],
@@ -163,7 +166,7 @@ def decoder_settings(params: dict[str, Any], run: str, method: str, value: Value
     when the checkpoint holds no value network or the section is missing); nothing for the others."""
     if method != "lookahead":
         return {}
-    key = f"runs.{run}.decode.method" if "method" in params["runs"].get(run, {}).get("decode", {}) else "decode.method"
+    key = run_checks.decode_key(params, run)
     if value is None:
         raise CaprlError(f"{key}: lookahead decoding needs a value network, but the checkpoint of run {run} holds "
                          "none (only actor_critic runs have one): decode it with greedy or beam")

@@ -113,6 +113,9 @@ class Objective(nn.Module):
     name: str = ""
     #: True if a run of this method yields a caption model (evaluated, in the tables)
     captioner: bool = True
+    #: roles of the objective's own modules (:meth:`modules_to_save`), besides the caption model:
+    #: what a run of the method can start from another run (``init``) and what its checkpoint holds
+    holds: tuple[str, ...] = ()
     #: validation metric that picks the best epoch (a key of the validator's output)
     select: str = "CIDEr-D"
     #: True if the method trains or holds a listener (role ``listener``): its runs get a retrieval evaluation

@@ -139,6 +139,7 @@ class ListenerObjective(Objective):
     """An objective that holds a listener (``self.listener``, checkpointed as role ``listener``)
     and is evaluated by retrieval."""
 
+    holds = ("listener",)
     retrieval = True
     select = "R@10"
 

@@ -95,6 +95,7 @@ class MixedDecode:
 
 @register_objective("mixer")
 class Mixer(Objective):
+    holds = ("baseline",)
     Options = MixerOptions
     options: MixerOptions
 

@@ -82,6 +82,7 @@ def monte_carlo_q(reward: Callable[[Sequence[int], Sequence[Sequence[str]]], np.
 
 @register_objective("pg_spider")
 class PGSpider(Objective):
+    holds = ("baseline",)
     Options = PGSpiderOptions
     options: PGSpiderOptions
 

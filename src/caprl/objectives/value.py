@@ -195,6 +195,7 @@ class EmbeddingRewardObjective(Objective):
     """An objective with a frozen embedding (role ``listener``) and a value network (role
     ``value``); it scores captions by the (mixed) embedding reward."""
 
+    holds = ("listener", "value")
     Options = ValueOptions
     options: ValueOptions
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from caprl import checkpoint, io, params as params_mod
+from caprl import checkpoint, io, params as params_mod, run_checks
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
@@ -62,10 +62,12 @@ def parse_inits(values: list[str]) -> dict[str, str]:
 
 
 def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict[str, str]) -> None:
-    """Every ``--init`` checkpoint must exist; else a CaprlError naming it and the params key
-    (``runs.<run>.init.<role>``) whose run makes it."""
+    """Every ``--init`` before any work: a role the run's method has, an existing checkpoint (else
+    a CaprlError naming it and the params key ``runs.<run>.init.<role>`` whose run makes it), and
+    for the caption model one from a run that trains it (:mod:`caprl.run_checks`, as the plan)."""
     spec = params_mod.run_spec(params, run)
     for role, path in inits.items():
+        run_checks.refuse(run_checks.init_role_problem(spec.source, spec.method, role))
         if Path(path).is_file():
             continue
         source = spec.init.get(role)
@@ -75,6 +77,12 @@ def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict
         raise CaprlError(f"--init {role}={path}: checkpoint not found; params runs.{spec.source}.init.{role} starts "
                          f"this run from run {source}: train {source} on dataset {dataset} first "
                          f"(`snakemake {CHECKPOINT.format(dataset=dataset, run=source)}`), or pass its best checkpoint")
+    if checkpoint.MODEL in inits:
+        record = checkpoint.load(inits[checkpoint.MODEL]).run
+        if record.get("method"):
+            problem = run_checks.init_model_problem(spec.source, str(record.get("name")), record["method"],
+                                                    dict(record.get("init") or {}))
+            run_checks.refuse(problem and f"--init model={inits[checkpoint.MODEL]}: {problem}")
 
 
 def config_hash(*parts: Any) -> str:
