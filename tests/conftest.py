@@ -122,3 +122,12 @@ def sigterm_after_step(n: int) -> Iterator[None]:
         Trainer.step = real_step  # type: ignore[method-assign]
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="session")
+def research_dataset(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The TINY synthetic set through the real stages, with its test references (stage_inputs),
+    shared by the bad-input and provenance tests."""
+    from stage_inputs import research_dataset as build
+
+    return build(tmp_path_factory.mktemp("tiny"))

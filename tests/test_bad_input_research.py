@@ -21,41 +21,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-import yaml
 from PIL import Image
 
-from caprl import checkpoint, io
-from caprl.data.vocab import Vocab
+from caprl import io
 from caprl.evaluation.degenerate import MIN_DISTINCT_FRACTION, degenerate_warnings
 from caprl.features.store import open_features_file
-from caprl.models import build_model
 from conftest import REPO, TINY, default_params, merge
-from pipeline_data import DatasetPaths, build_dataset, caprl_command
-
-
-def caprl(stage: str, params: Path, *args: Any, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(caprl_command(stage, params, *args), cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def user_error(proc: subprocess.CompletedProcess[str], stage: str) -> str:
-    """The one-line error of a stage that failed on its input (exit 2, no traceback)."""
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(f"caprl {stage}: error: ")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
-
-
-def temporaries(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
-
-
-def write_params(workdir: Path, params: dict[str, Any]) -> Path:
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "params.yaml"
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-    return path
+from pipeline_data import DatasetPaths, caprl_command
+from stage_inputs import LOOKAHEAD_ON_XE, caprl, degenerate_checkpoint, temporaries, user_error, write_params
 
 
 def karpathy_set(folder: Path, splits: list[str]) -> Path:
@@ -147,10 +120,6 @@ def init_params(**init: str) -> dict[str, Any]:
     return params
 
 
-LOOKAHEAD_ON_XE = ("runs.fc-xe.decode.method: lookahead decoding needs a value network, which method xe of run "
-                   "fc-xe does not train (only actor_critic runs have one): decode it with greedy or beam")
-
-
 def lookahead_params() -> dict[str, Any]:
     params = init_params()
     params["runs"]["fc-xe"]["decode"] = {"method": "lookahead"}
@@ -185,13 +154,8 @@ def test_snakemake_names_the_init_key_before_building_the_dag(tmp_path: Path) ->
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetPaths:
-    """The TINY synthetic set through the real stages, with its test references."""
-    params = merge(default_params(), TINY)
-    params["runs"]["fc-scst"] = {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}}
-    params["evaluate"]["metrics"] = ["bleu", "cider_d"]
-    params["features"]["shards"] = [0]
-    return build_dataset(tmp_path_factory.mktemp("tiny"), params, references=["test"])
+def dataset(research_dataset: DatasetPaths) -> DatasetPaths:
+    return research_dataset
 
 
 def test_train_with_a_missing_init_checkpoint_names_the_file_and_the_key(dataset: DatasetPaths) -> None:
@@ -280,25 +244,6 @@ def test_degenerate_warnings_of_caption_sets() -> None:
     assert few["kind"] == "few_distinct" and few["distinct"] == 3
 
 
-def degenerate_checkpoint(dataset: DatasetPaths, run: str, method: str, word: str) -> Path:
-    """An fc model whose every step says ``word`` (``<eos>``: nothing), as a real checkpoint."""
-    vocab = Vocab.load(dataset.vocab)
-    with open_features_file(dataset.features) as h5:
-        feat_dim, n_regions = int(h5.attrs["dim"]), int(h5.attrs["n_regions"])
-    options = {k: v for k, v in yaml.safe_load(dataset.params.read_text())["models"]["fc"].items() if k != "arch"}
-    model = build_model("fc", options, len(vocab), feat_dim, n_regions)
-    with torch.no_grad():
-        model.logit.weight.zero_()
-        model.logit.bias.fill_(-10.0)
-        model.logit.bias[vocab.encode([word])[0]] = 10.0
-    path = dataset.workdir / "runs" / "synthetic" / run / "best.pt"
-    checkpoint.save(path, checkpoint.Checkpoint(run={"name": run, "dataset": "synthetic", "method": method,
-                                                     "model": "fc", "options": {}, "init": {}},
-                                                modules={"model": checkpoint.model_record(model, "fc")},
-                                                vocab_sha256=vocab.sha256))
-    return path
-
-
 def test_degenerate_captions_are_flagged_in_scores_and_tables(dataset: DatasetPaths) -> None:
     work, results = dataset.workdir, dataset.workdir / "results" / "synthetic"
     data = ("--annotations", dataset.annotations, "--vocab", dataset.vocab, "--labels", dataset.labels,
@@ -350,72 +295,3 @@ def test_all_empty_captions_are_scored_zero_not_crashed() -> None:
 
     assert ReferenceSet({1: [[], []], 2: [[]]}).run_gid.shape == (0,)
     assert np.array_equal(leave_one_out_bleu([[[], []], [[], []]]), np.zeros((4, 4)))
-
-
-# -- 5. what a run asks of its method, and inputs that belong together (issue 23) -------------
-
-def train_fc_scst(dataset: DatasetPaths, *args: Any) -> subprocess.CompletedProcess[str]:
-    out = dataset.workdir / "out-scst"
-    return caprl("train", dataset.params, "--dataset", "synthetic", "--run", "fc-scst", *args,
-                 "--checkpoint", out / "best.pt", "--history", out / "history.json", "--state-dir", out / "state",
-                 cwd=dataset.workdir)
-
-
-def test_train_refuses_a_caption_model_from_a_run_that_trains_none(dataset: DatasetPaths) -> None:
-    """``--init model=`` a listener's checkpoint: its caption model is untrained; refused before
-    any work, in the plan's words."""
-    listener = degenerate_checkpoint(dataset, "listener", "listener", "a")
-    err = user_error(train_fc_scst(dataset, *dataset.train_args(), "--init", f"model={listener}"), "train")
-    assert err.endswith(f"--init model={listener}: runs.fc-scst.init.model: run listener (method listener) trains "
-                        "no caption model, so its checkpoint's caption model is untrained; name a run that trains "
-                        "one (e.g. an xe run)")
-    assert not (dataset.workdir / "out-scst").exists()
-
-
-def test_evaluate_refuses_lookahead_for_a_run_without_a_value_network_in_the_plans_words(
-        dataset: DatasetPaths) -> None:
-    xe = degenerate_checkpoint(dataset, "fc-xe", "xe", "a")
-    params = yaml.safe_load(dataset.params.read_text())
-    params["runs"]["fc-xe"]["decode"] = {"method": "lookahead"}
-    params_path = write_params(dataset.workdir / "lookahead", params)
-    out = dataset.workdir / "lookahead"
-    proc = caprl("evaluate", params_path, "--dataset", "synthetic", "--run", "fc-xe", "--checkpoint", xe,
-                 "--annotations", dataset.annotations, "--vocab", dataset.vocab, "--labels", dataset.labels,
-                 "--features", dataset.features, "--refs", dataset.references["test"],
-                 "--out-captions", out / "captions.json", "--out-scores", out / "scores.json",
-                 "--out-examples", out / "examples.json", cwd=dataset.workdir)
-    assert user_error(proc, "evaluate").endswith(LOOKAHEAD_ON_XE)
-    assert not (out / "scores.json").exists()
-
-
-def foreign_features(dataset: DatasetPaths, name: str, attrs: dict[str, str]) -> Path:
-    """A copy of the dataset's features file with ``attrs`` changed (as another dataset's would be)."""
-    import h5py
-
-    path = dataset.workdir / name
-    shutil.copy(dataset.features, path)
-    with h5py.File(path, "a") as h5:
-        h5.attrs.update(attrs)
-    return path
-
-
-@pytest.mark.parametrize("attrs, says", [
-    ({"dataset": "bigger"}, "was extracted for dataset 'bigger', but {annotations} is dataset 'synthetic'"),
-    ({"annotations_sha": "0123456789abcdef"}, "was extracted from annotations with fingerprint 0123456789abcdef, "
-                                              "but {annotations} has "),
-])
-def test_train_refuses_features_extracted_from_other_annotations(dataset: DatasetPaths, attrs: dict[str, str],
-                                                                  says: str) -> None:
-    """The features' provenance (dataset, fingerprint of the annotations' ids and splits, written by
-    ``caprl features``) is checked before training: features of other images are refused, both
-    files named, with the command that makes the right one."""
-    import h5py
-
-    with h5py.File(dataset.features) as h5:
-        assert h5.attrs["dataset"] == "synthetic" and len(h5.attrs["annotations_sha"]) == 16
-    features = foreign_features(dataset, "features_other.h5", attrs)
-    args = [a if a != str(dataset.features) else str(features) for a in dataset.train_args()]
-    err = user_error(train_fc_scst(dataset, *args), "train")
-    assert f"error: {features} " + says.format(annotations=dataset.annotations) in err
-    assert f"re-extract it from {dataset.annotations}" in err
-    assert not (dataset.workdir / "out-scst").exists()

@@ -8,17 +8,12 @@ references from :func:`references_from_annotations`.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 from pathlib import Path
 from typing import Any
 
 from caprl import io
 from caprl.data import SPLITS
 from caprl.errors import CaprlError
-
-log = logging.getLogger(__name__)
 
 
 def load_annotations(path: str | Path) -> dict[str, Any]:
@@ -89,31 +84,3 @@ def references_from_annotations(annotations: dict[str, Any], split: str) -> dict
         refs[int(image["id"])] = [list(c) for c in caps]
     return refs
 
-
-def annotations_fingerprint(annotations: dict[str, Any]) -> str:
-    """What files made from these annotations record of them (provenance): the first 16 hex digits
-    of the SHA-256 of every image's id and split, in id order; the captions do not enter, so
-    re-tokenising keeps it, while another image set or split does not."""
-    pairs = sorted((int(im["id"]), str(im["split"])) for im in annotations["images"])
-    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
-
-
-def check_features_provenance(features_path: str | Path, attrs: dict[str, Any], annotations_path: str | Path,
-                              annotations: dict[str, Any]) -> None:
-    """A features file must have been extracted from these annotations: its ``dataset`` and
-    ``annotations_sha`` attrs (written by ``caprl features``) against the annotations'. A file
-    without them (made before caprl recorded provenance) is accepted with a warning."""
-    hint = (f"re-extract it from {annotations_path} (`snakemake {features_path}`, or caprl features + "
-            "caprl merge-features)")
-    name = annotations.get("dataset")
-    if "dataset" in attrs and name is not None and str(attrs["dataset"]) != str(name):
-        raise CaprlError(f"{features_path} was extracted for dataset '{attrs['dataset']}', but {annotations_path} "
-                         f"is dataset '{name}': these features belong to other images; {hint}")
-    if "annotations_sha" not in attrs:
-        log.warning("%s records no annotations fingerprint (made by an older caprl): it cannot be checked "
-                    "against %s; %s", features_path, annotations_path, hint)
-        return
-    ours = annotations_fingerprint(annotations)
-    if str(attrs["annotations_sha"]) != ours:
-        raise CaprlError(f"{features_path} was extracted from annotations with fingerprint {attrs['annotations_sha']}, "
-                         f"but {annotations_path} has {ours} (other images or splits); {hint}")

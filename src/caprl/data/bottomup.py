@@ -227,9 +227,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     image_ids, fingerprint = None, None
     if args.annotations:
-        from caprl.data.annotations import annotations_fingerprint, load_annotations
+        from caprl import provenance
+        from caprl.data.annotations import load_annotations
 
         annotations = load_annotations(args.annotations)
         image_ids = [int(im["id"]) for im in annotations["images"]]
-        fingerprint = annotations_fingerprint(annotations)
+        fingerprint = provenance.fingerprint(annotations)
     convert(args.tsv, args.out, dim=args.dim, image_ids=image_ids, dataset=args.dataset, annotations_sha=fingerprint)

@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from caprl.data.annotations import check_features_provenance, load_annotations
+from caprl import provenance
+from caprl.errors import CaprlError
+from caprl.data.annotations import load_annotations
 from caprl.data.vocab import Labels, Vocab
 from caprl.features.store import Features, open_features_file
 from caprl.data.batch import Batch
@@ -72,7 +74,19 @@ class CaptionData:
         self.features = Features(paths.features, in_memory=self.loading.keep_in_memory(paths.features),
                                  cache_bytes=self.loading.cache_mib * 2**20)
         self.annotations: dict[str, Any] = load_annotations(paths.annotations)
-        check_features_provenance(paths.features, self.features.attrs, paths.annotations, self.annotations)
+        self.check_provenance()
+
+    def check_provenance(self) -> None:
+        """The inputs belong together: labels of this vocabulary, features and labels made from
+        these annotations (:mod:`caprl.provenance`)."""
+        p = self.paths
+        if self.labels.vocab_sha256 != self.vocab.sha256:
+            raise CaprlError(f"{p.labels} was encoded with another vocabulary (sha256 {self.labels.vocab_sha256[:12]}) "
+                             f"than {p.vocab} ({self.vocab.sha256[:12]}); make both again with `caprl vocab` "
+                             f"from {p.annotations}")
+        provenance.check(p.features, self.features.attrs, p.annotations, self.annotations,
+                         "`snakemake <its features file>`, or caprl features + caprl merge-features")
+        provenance.check(p.labels, self.labels.attrs, p.annotations, self.annotations, "`caprl vocab`")
 
     @property
     def feat_dim(self) -> int:

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from caprl import io, params as params_mod
+from caprl import io, params as params_mod, provenance
 from caprl.data import SPLITS
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
@@ -37,7 +37,8 @@ def build_references(annotations: dict[str, Any], split: str) -> dict[str, Any]:
         for caption in image["raw"]:
             refs.append({"image_id": image["id"], "id": len(refs), "caption": caption})
     return {
-        "info": {"description": f"caprl references: {annotations['dataset']} {split}"},
+        "info": {"description": f"caprl references: {annotations['dataset']} {split}",
+                 "made_from": provenance.record(annotations)},
         "licenses": [],
         "type": "captions",
         "images": [{"id": im["id"]} for im in images],

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import h5py
 import numpy as np
 
-from caprl import io, params as params_mod
+from caprl import io, params as params_mod, provenance
 from caprl.data import SPLITS
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
@@ -154,7 +154,8 @@ def encode_labels(annotations: dict[str, Any], vocab: Vocab) -> dict[str, np.nda
     }
 
 
-def write_labels(path: str | Path, arrays: dict[str, np.ndarray], vocab: Vocab) -> None:
+def write_labels(path: str | Path, arrays: dict[str, np.ndarray], vocab: Vocab,
+                 made_from: dict[str, str] | None = None) -> None:
     """Write the label HDF5 atomically. Layout (N images, M captions, L = max_length)::
 
         image_ids     int64 [N]     image ids, in the annotations' order (sorted by id)
@@ -163,7 +164,8 @@ def write_labels(path: str | Path, arrays: dict[str, np.ndarray], vocab: Vocab) 
         label_end     int64 [N]     one past its last row (exclusive)
         labels        int32 [M, L]  word ids (see vocab.json), clipped to L, 0-padded
         label_length  int32 [M]     tokens before the padding (1..L)
-        attrs: vocab_sha256 (str), max_length (int)
+        attrs: vocab_sha256 (str), max_length (int), and what ``made_from`` records of the
+               annotations (dataset, annotations_sha: :func:`caprl.provenance.record`)
     """
     with io.atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
@@ -171,6 +173,7 @@ def write_labels(path: str | Path, arrays: dict[str, np.ndarray], vocab: Vocab) 
                 f.create_dataset(name, data=arrays[name])
             f.attrs["vocab_sha256"] = vocab.sha256
             f.attrs["max_length"] = vocab.max_length
+            f.attrs.update(made_from or {})
 
 
 class Labels:
@@ -188,6 +191,7 @@ class Labels:
                 arrays = {name: f[name][()] for name in LABEL_DATASETS}
                 self.vocab_sha256 = str(f.attrs["vocab_sha256"])
                 self.max_length = int(f.attrs["max_length"])
+                self.attrs = {k: str(f.attrs[k]) for k in ("dataset", "annotations_sha") if k in f.attrs}
         except (OSError, KeyError) as exc:
             raise CaprlError(f"{p}: unreadable label file ({exc}); rerun `caprl vocab`") from exc
         self.path = p
@@ -257,7 +261,7 @@ def main(args: argparse.Namespace) -> None:
     settings = vocab_settings(params, annotations, args.annotations)
     vocab = build_vocab(annotations, settings["min_count"], settings["max_length"])
     arrays = encode_labels(annotations, vocab)
-    write_labels(args.out_labels, arrays, vocab)
+    write_labels(args.out_labels, arrays, vocab, provenance.record(annotations))
     io.write_json(args.out_vocab, vocab.to_json(), indent=1)
     log.info("wrote %s (%d entries incl. %s and %s) and %s (%d captions)",
              args.out_vocab, len(vocab), EOS, UNK, args.out_labels, len(arrays["labels"]))

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from caprl import checkpoint, decoding, params as params_mod, run_checks
+from caprl import checkpoint, decoding, io, params as params_mod, provenance, run_checks
 from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
@@ -108,6 +108,8 @@ def main(args: argparse.Namespace) -> None:
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]
     references = load_references(args.refs)
+    made_from = (io.read_json(args.refs, "references file").get("info") or {}).get("made_from") or {}
+    provenance.check(args.refs, made_from, args.annotations, data.annotations, "`caprl references`")
     ids = data.split_ids(split)
     missing = sorted(set(ids) - set(references))
     if missing:

@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from caprl.data.annotations import annotations_fingerprint, load_annotations
+from caprl import provenance
+from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone, build_backbone
 from caprl.features.store import open_writer
@@ -140,7 +141,7 @@ def main(args: argparse.Namespace) -> None:
     media = media_of(spec["format"], args.dataset)
     log.info("shard %d of %d: %d of %d %ss, backbone %s", args.shard, n_shards, len(images),
              len(annotations["images"]), media, backbone.name)
-    attrs = {"dataset": args.dataset, "annotations_sha": annotations_fingerprint(annotations), "shard": args.shard,
+    attrs = {"dataset": args.dataset, provenance.SHA: provenance.fingerprint(annotations), "shard": args.shard,
              "n_shards": n_shards}
     if media == "video":
         from caprl.data.gif import gif_limits, video_settings

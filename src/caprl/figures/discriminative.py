@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from caprl import params as params_mod
 from caprl.io import atomic_path
 from caprl.tables.build import Scores, load_scores, portable
-from caprl.tables.operating import (FROZEN, FROZEN_LABELS, METHOD_LABELS, PSST_METHODS, Curve, Point,
+from caprl.tables.operating import (FROZEN, FROZEN_LABELS, METHOD_LABELS, PSST_METHODS, Point,
                                     curve, family_points, family_runs, interpolate, method_points, models_of,
                                     operating_point, overlap_value, rho_curves, table_rho)
 from caprl.tables.psst_numbers import OPERATING_POINTS

@@ -12,13 +12,14 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from caprl.data.annotations import references_from_annotations
+from caprl import provenance
 from caprl.errors import CaprlError
 from caprl.io import atomic_path, read_json, write_text
 from caprl.rewards.ngrams import MAX_ORDER, encode, sorted_unique
@@ -42,6 +43,7 @@ class DocumentFrequencies:
     ngrams: list[np.ndarray]
     counts: list[np.ndarray]
     num_documents: int
+    made_from: dict[str, str] = field(default_factory=dict)  # caprl.provenance.record of the annotations
 
     def to_dict(self) -> dict[tuple[str, ...], int]:
         """``{ngram tuple: count}``, the shape pycocoevalcap's ``document_frequency`` has."""
@@ -98,6 +100,7 @@ def save_document_frequencies(df: DocumentFrequencies, path: str | os.PathLike[s
             "words": list(df.words),
             "ngrams": [rows.tolist() for rows in df.ngrams],
             "counts": [c.tolist() for c in df.counts],
+            "made_from": dict(df.made_from),
         }
         write_text(path, json.dumps(doc, separators=(",", ":")) + "\n")
         return
@@ -105,6 +108,7 @@ def save_document_frequencies(df: DocumentFrequencies, path: str | os.PathLike[s
         "format": np.array(FORMAT),
         "words": np.array(df.words, dtype=str),
         "num_documents": np.array(df.num_documents, dtype=np.int64),
+        "made_from": np.array(json.dumps(dict(df.made_from))),
     }
     for k, (rows, counts) in enumerate(zip(df.ngrams, df.counts), start=1):
         arrays[f"ngrams_{k}"] = rows
@@ -142,7 +146,8 @@ def load_document_frequencies(path: str | os.PathLike[str]) -> DocumentFrequenci
     num_documents = int(fields["num_documents"])
     if not ngrams or num_documents < 1:
         raise CaprlError(f"{p}: document frequencies are empty")
-    return DocumentFrequencies(words, ngrams, counts, num_documents)
+    made_from = fields.get("made_from") or {}
+    return DocumentFrequencies(words, ngrams, counts, num_documents, {str(k): str(v) for k, v in made_from.items()})
 
 
 def _read_npz(path: Path) -> dict[str, Any]:
@@ -151,7 +156,8 @@ def _read_npz(path: Path) -> dict[str, Any]:
         if fields["format"] != FORMAT:
             return fields
         k = 1
-        fields.update(words=data["words"].tolist(), num_documents=int(data["num_documents"]), ngrams=[], counts=[])
+        fields.update(words=data["words"].tolist(), num_documents=int(data["num_documents"]), ngrams=[], counts=[],
+                      made_from=json.loads(str(data["made_from"])) if "made_from" in data else {})
         while f"ngrams_{k}" in data:
             fields["ngrams"].append(data[f"ngrams_{k}"])
             fields["counts"].append(data[f"counts_{k}"])
@@ -181,6 +187,7 @@ def main(args: argparse.Namespace) -> None:
     if not refs:
         raise CaprlError(f"{args.annotations}: no images in split '{args.split}'")
     df = compute_document_frequencies(refs)
+    df.made_from = provenance.record(annotations)
     save_document_frequencies(df, args.out)
     sizes = ", ".join(f"{len(c)} {k + 1}-grams" for k, c in enumerate(df.counts))
     log.info("document frequencies of %d images (%s) -> %s", df.num_documents, sizes, args.out)

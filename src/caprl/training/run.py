@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from caprl import checkpoint, io, params as params_mod, run_checks
+from caprl import checkpoint, io, params as params_mod, provenance, run_checks
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
@@ -179,7 +179,10 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     def reward(name: str) -> Any:
         nonlocal df
         if name not in rewards:
-            df = df if df is not None else load_document_frequencies(cider_df_path)
+            if df is None:
+                df = load_document_frequencies(cider_df_path)
+                provenance.check(cider_df_path, df.made_from, data.paths.annotations, data.annotations,
+                                 "`caprl cider-df`")
             rewards[name] = build_configured_reward(name, params, train_refs, df)
         return rewards[name]
 
