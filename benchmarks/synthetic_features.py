@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -27,7 +27,6 @@ import json
 import os
 import resource
 import statistics
-import string
 import subprocess
 import sys
 import tempfile
@@ -67,7 +66,7 @@ def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captio
     """Annotations, vocabulary, labels and features files for ``n_images`` images (default: the
     5k val images); more images than that reuse the captions cyclically under new ids."""
     from caprl import io
-    from caprl.data.prepare import prepare_annotations
+    from caprl.data.karpathy import prepare_annotations
     from caprl.data.vocab import build_vocab, encode_labels, write_labels
     from caprl.features.store import open_writer
     from caprl.rewards import compute_document_frequencies

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from caprl.data import prepare, synthetic
+from caprl.data import karpathy, prepare, synthetic
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 
@@ -27,7 +27,7 @@ def coco_like() -> dict:
         return {"filepath": "val2014" if split != "train" else "train2014",
                 "filename": f"COCO_{cocoid:012d}.jpg", "imgid": imgid, "cocoid": cocoid, "split": split,
                 "sentids": list(range(len(sentences))),
-                "sentences": [{"tokens": prepare.tokenize(r), "raw": r, "imgid": imgid, "sentid": k}
+                "sentences": [{"tokens": karpathy.tokenize(r), "raw": r, "imgid": imgid, "sentid": k}
                               for k, r in enumerate(sentences)]}
 
     return {"dataset": "coco", "images": [
@@ -39,12 +39,12 @@ def coco_like() -> dict:
 
 
 def annotate(data: dict, name: str = "coco") -> dict:
-    return prepare.prepare_annotations(data, name, source="dataset_coco.json")
+    return karpathy.prepare_annotations(data, name, source="dataset_coco.json")
 
 
 def test_tokenize_is_karpathy_style() -> None:
-    assert prepare.tokenize("A Man's dog, running -- fast!") == ["a", "mans", "dog", "running", "fast"]
-    assert prepare.tokenize("  ?! ") == []
+    assert karpathy.tokenize("A Man's dog, running -- fast!") == ["a", "mans", "dog", "running", "fast"]
+    assert karpathy.tokenize("  ?! ") == []
 
 
 def test_coco_like_ids_files_splits_and_drops() -> None:
@@ -73,7 +73,7 @@ def test_flickr_like_uses_imgid_and_tokenises_raw_when_no_tokens() -> None:
          "sentences": [{"raw": "Two young, White males are outside."}]},
         {"filename": "10002456.jpg", "imgid": 2, "split": "val", "sentences": [{"tokens": ["Several", "men"]}]},
     ]}
-    out = prepare.prepare_annotations(data, "flickr30k")
+    out = karpathy.prepare_annotations(data, "flickr30k")
     assert [(im["id"], im["file"]) for im in out["images"]] == [(2, "10002456.jpg"), (5, "1000092795.jpg")]
     assert out["images"][1]["captions"] == [["two", "young", "white", "males", "are", "outside"]]
     assert out["images"][0]["captions"] == [["several", "men"]]
@@ -84,8 +84,8 @@ def test_round_trip_of_the_synthetic_dataset(tmp_path: Path) -> None:
     cfg = {"n_train": 6, "n_val": 2, "n_test": 2, "image_size": 32, "max_objects": 3}
     synthetic.write_dataset(synthetic.generate(cfg, 0), 10, tmp_path / "d.json", tmp_path / "images")
     raw = json.loads((tmp_path / "d.json").read_text())
-    out = prepare.prepare_annotations(prepare.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
-    prepare.check_images(out, tmp_path / "images", "synthetic")
+    out = karpathy.prepare_annotations(karpathy.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
+    karpathy.check_images(out, tmp_path / "images", "synthetic")
     assert len(out["images"]) == 10
     for src, im in zip(raw["images"], out["images"]):
         assert im["id"] == src["cocoid"]
@@ -106,7 +106,7 @@ def test_round_trip_of_the_synthetic_dataset(tmp_path: Path) -> None:
 def test_missing_karpathy_json_says_where_and_how(tmp_path: Path, name: str, expected: list[str]) -> None:
     path = tmp_path / "raw" / f"dataset_{name}.json"
     with pytest.raises(CaprlError) as err:
-        prepare.read_karpathy(path, name)
+        karpathy.read_karpathy(path, name)
     message = str(err.value)
     assert str(path) in message and f"datasets.{name}.raw" in message
     for text in expected:
@@ -117,7 +117,7 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "dataset_coco.json"
     path.write_text('{"images": [\n  {"imgid": 1,\n   "split": "train"\n   "filename": "x.jpg"}\n]}\n')
     with pytest.raises(CaprlError, match=r"dataset_coco\.json.*line 4"):
-        prepare.read_karpathy(path, "coco")
+        karpathy.read_karpathy(path, "coco")
 
 
 def test_missing_key_names_image_index_and_key() -> None:
@@ -145,11 +145,11 @@ def test_bad_split_and_duplicate_ids_are_errors() -> None:
 def test_check_images_reports_missing_files(tmp_path: Path) -> None:
     out = annotate(coco_like())
     with pytest.raises(CaprlError, match="image root not found"):
-        prepare.check_images(out, tmp_path / "nope", "coco")
+        karpathy.check_images(out, tmp_path / "nope", "coco")
     (tmp_path / "train2014").mkdir()
     (tmp_path / "train2014" / "COCO_000000184613.jpg").write_bytes(b"")
     with pytest.raises(CaprlError, match=r"2 of 3 images are missing.*val2014/COCO_000000391895\.jpg"):
-        prepare.check_images(out, tmp_path, "coco")
+        karpathy.check_images(out, tmp_path, "coco")
 
 
 def test_load_annotations_validates(tmp_path: Path) -> None:

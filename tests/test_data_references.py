@@ -80,7 +80,7 @@ SHARED_COCO = (REPO / ".." / "shared" / "data" / "coco").resolve()
 @pytest.mark.skipif(not (SHARED_COCO / "karpathy_test5k_captions.json").exists(), reason="shared COCO captions absent")
 def test_real_coco_captions_through_prepare_vocab_references(tmp_path: Path) -> None:
     """Real Karpathy val/test captions, as a Karpathy file with raw sentences only (no tokens)."""
-    from caprl.data import prepare, vocab as V
+    from caprl.data import karpathy, vocab as V
 
     images = []
     for split, name in (("restval", "karpathy_val5k_captions.json"), ("test", "karpathy_test5k_captions.json")):
@@ -92,7 +92,7 @@ def test_real_coco_captions_through_prepare_vocab_references(tmp_path: Path) -> 
             images.append({"filepath": "val2014", "filename": im["file_name"], "imgid": len(images),
                            "cocoid": im["id"], "split": split,
                            "sentences": [{"raw": r} for r in by_image[im["id"]]]})
-    ann = prepare.prepare_annotations({"dataset": "coco", "images": images}, "coco")
+    ann = karpathy.prepare_annotations({"dataset": "coco", "images": images}, "coco")
     assert ann["stats"]["split_images"] == {"train": 5000, "val": 0, "test": 5000}
     assert ann["stats"]["restval_as_train"] == 5000
     tokens = {t for im in ann["images"] for c in im["captions"] for t in c}
@@ -109,5 +109,5 @@ def test_real_coco_captions_through_prepare_vocab_references(tmp_path: Path) -> 
     official = json.loads((SHARED_COCO / "karpathy_test5k_captions.json").read_text())
     assert sorted(im["id"] for im in refs["images"]) == sorted(im["id"] for im in official["images"])
     ours = sorted((a["image_id"], a["caption"]) for a in refs["annotations"])
-    theirs = sorted((a["image_id"], a["caption"]) for a in official["annotations"] if prepare.tokenize(a["caption"]))
+    theirs = sorted((a["image_id"], a["caption"]) for a in official["annotations"] if karpathy.tokenize(a["caption"]))
     assert ours == theirs

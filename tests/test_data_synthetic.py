@@ -14,9 +14,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from caprl.data import grammar, synthetic
+from caprl.data import grammar, synthesize, synthetic
 from caprl.data.grammar import SceneObject
-from caprl.data.prepare import tokenize
+from caprl.data.karpathy import tokenize
 from caprl.errors import CaprlError
 from conftest import default_params
 
@@ -65,7 +65,7 @@ def test_main_generates_the_named_dataset_with_its_overrides(tmp_path: Path, wri
                                       "media_root": "data/raw/shapes_b/images", "synthetic": {"n_train": 3}}
     args = argparse.Namespace(params=write_params(params), dataset="shapes_b", out_json=tmp_path / "b.json",
                               image_dir=tmp_path / "b")
-    synthetic.main(args)
+    synthesize.main(args)
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["dataset"] == "shapes_b"
     assert [im["split"] for im in data["images"]] == ["train"] * 3 + ["val"] * 2 + ["test"] * 2
@@ -181,7 +181,7 @@ def test_main_refuses_json_inside_image_dir(tmp_path: Path, monkeypatch: pytest.
     args = argparse.Namespace(params=REPO / "params.yaml", dataset="synthetic", out_json=image_dir / "d.json",
                               image_dir=image_dir)
     with pytest.raises(CaprlError, match="inside --media-dir"):
-        synthetic.main(args)
+        synthesize.main(args)
 
 
 def test_cli_synthesize_subprocess(tmp_path: Path) -> None:

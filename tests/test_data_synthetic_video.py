@@ -11,7 +11,7 @@ from PIL import Image
 
 from caprl.data import SPLITS, synthetic_video as sv
 from caprl.data.gif import sample_frames
-from caprl.data.prepare import tokenize
+from caprl.data.karpathy import tokenize
 from caprl.data.synthetic import COLOUR_RGB
 from caprl.data.tgif import read_tgif
 from caprl.errors import CaprlError

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from caprl import io
-from caprl.data import prepare, synthetic
+from caprl.data import karpathy, synthetic
 from caprl.data.vocab import build_vocab, encode_labels, write_labels
 from caprl.errors import CaprlError
 from caprl.features.backbones import PatchesBackbone
@@ -66,7 +66,7 @@ def test_figure_overlays_each_words_map_on_the_image() -> None:
 def tiny_data(tmp_path: Path) -> dict[str, Path]:
     cfg = {"n_train": 6, "n_val": 2, "n_test": 3, "image_size": 48, "max_objects": 2}
     synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
-    annotations = prepare.prepare_annotations(prepare.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
+    annotations = karpathy.prepare_annotations(karpathy.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
     paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
     io.write_json(paths["annotations.json"], annotations)
     vocab = build_vocab(annotations, 1, 16)

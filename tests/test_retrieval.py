@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from caprl import checkpoint, cli, io
-from caprl.data import prepare, synthetic
+from caprl.data import karpathy, synthetic
 from caprl.data.loader import CaptionData
 from caprl.data.vocab import Vocab, build_vocab, encode_labels, write_labels
 from caprl.errors import CaprlError
@@ -99,7 +99,7 @@ def tiny_data(tmp_path: Path, n_test: int = 3) -> dict[str, Path]:
     test images' first reference captions as captions.json."""
     cfg = {"n_train": 6, "n_val": 2, "n_test": n_test, "image_size": 32, "max_objects": 2}
     synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
-    annotations = prepare.prepare_annotations(prepare.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
+    annotations = karpathy.prepare_annotations(karpathy.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
     paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
     io.write_json(paths["annotations.json"], annotations)
     vocab = build_vocab(annotations, 1, 16)

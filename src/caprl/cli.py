@@ -16,7 +16,7 @@ from caprl.errors import CaprlError
 
 # stage name -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
-    "synthesize": ("caprl.data.synthetic", "generate the built-in synthetic image dataset (Karpathy format)"),
+    "synthesize": ("caprl.data.synthesize", "generate a dataset's raw files with the built-in generator (images or GIFs)"),
     "prepare": ("caprl.data.prepare", "Karpathy-format JSON -> normalised annotations"),
     "vocab": ("caprl.data.vocab", "vocabulary + HDF5 labels from the normalised annotations"),
     "features": ("caprl.features.extract", "extract one shard of image features with a registered backbone"),

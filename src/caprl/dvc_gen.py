@@ -48,7 +48,8 @@ def data_stages(ds: Dataset, params: dict[str, Any]) -> dict[str, Stage]:
         stages[f"{n}-synthesize"] = {
             "cmd": caprl("synthesize", ds.log("synthesize.log"), "--dataset", n, "--out-raw", ds.raw,
                          "--media-dir", ds.media_root),
-            "deps": ["src/caprl/data/synthetic.py", "src/caprl/data/synthetic_video.py", "src/caprl/data/grammar.py"],
+            "deps": ["src/caprl/data/synthesize.py", "src/caprl/data/synthetic.py", "src/caprl/data/synthetic_video.py",
+                     "src/caprl/data/grammar.py"],
             "params": ["seed", "synthetic", f"datasets.{n}"], "outs": [*ds.raw_files, ds.media_root]}
     stages[f"{n}-prepare"] = {
         "cmd": caprl("prepare", ds.log("prepare.log"), "--dataset", n, "--raw", ds.raw, "--media-root", ds.media_root,

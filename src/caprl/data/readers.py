@@ -12,7 +12,7 @@ checking that every media file it names exists. Adding a format is one class her
 ``settings`` is params.yaml ``features.video`` (passed by ``caprl prepare``; None: its
 defaults, :data:`caprl.data.gif.VIDEO_DEFAULTS`); image readers ignore it.
 
-``karpathy``: Karpathy's split JSON (COCO, Flickr30k, the built-in synthetic set).
+``karpathy``: Karpathy's split JSON (COCO, Flickr30k, the built-in synthetic set; caprl.data.karpathy).
 ``tgif``: TGIF video captions (caprl.data.tgif): animated GIFs, probed at prepare time
 (``features.video.on_failure``), features per frame pooled over time (caprl.features.video).
 """
@@ -23,6 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
+from caprl.data.karpathy import check_images, prepare_annotations, read_karpathy
 from caprl.errors import CaprlError
 from caprl.registry import Registry
 
@@ -73,8 +74,6 @@ class KarpathyReader(Reader):
 
     def read(self, raw: Path, media_root: Path, dataset: str, *,
              settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        from caprl.data.prepare import check_images, prepare_annotations, read_karpathy
-
         annotations = prepare_annotations(read_karpathy(raw, dataset), dataset, source=str(raw))
         stats = annotations["stats"]
         if stats["empty_captions_dropped"] or stats["images_without_captions_dropped"]:

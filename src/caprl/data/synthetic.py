@@ -1,4 +1,4 @@
-"""``caprl synthesize``: the built-in synthetic image dataset, written in the Karpathy format.
+"""The built-in synthetic image dataset, written in the Karpathy format (``caprl synthesize``).
 
 Scenes of 1..max_objects coloured shapes (circle, square, triangle, cross; 6 colours; small
 or large) on a plain grey background, each object in one cell of a 3x3 layout grid, with 5
@@ -21,27 +21,24 @@ datasets differ and changing ``n_train`` leaves the val/test images unchanged. O
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
 import shutil
 import tempfile
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from caprl import io, params as params_mod
+from caprl import io
 from caprl.data import SPLITS
 from caprl.data.grammar import COLOURS, SHAPES, SIZES, SceneObject, describe
-from caprl.data.prepare import tokenize
-from caprl.errors import CaprlError
+from caprl.data.karpathy import tokenize
 
 log = logging.getLogger(__name__)
 
@@ -216,52 +213,3 @@ def write_dataset(samples: Iterator[Sample], total: int, out_json: Path, image_d
     data = {"dataset": dataset, "images": entries}
     io.write_json(out_json, data, indent=None)
     return data
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
-    parser.add_argument("--out-raw", "--out-json", dest="out_json", required=True, type=Path,
-                        help="the raw file to write: Karpathy JSON (format karpathy) or the TGIF TSV (format tgif, "
-                             "with the split lists train/val/test.txt beside it)")
-    parser.add_argument("--media-dir", "--image-dir", dest="image_dir", required=True, type=Path,
-                        help="directory of images (karpathy) or GIFs (tgif) to (re)create")
-
-
-def _write_images(cfg: dict[str, Any], seed: int, dataset: str, out_raw: Path, media_dir: Path) -> str:
-    total = sum(int(cfg[f"n_{s}"]) for s in SPLITS)
-    data = write_dataset(generate(cfg, seed, dataset), total, out_raw, media_dir, dataset)
-    n_sentences = sum(len(e["sentences"]) for e in data["images"])
-    return f"{total} images and {n_sentences} sentences"
-
-
-def _write_videos(cfg: dict[str, Any], seed: int, dataset: str, out_raw: Path, media_dir: Path) -> str:
-    from caprl.data.synthetic_video import write_video_dataset
-
-    stats = write_video_dataset(cfg, seed, dataset, out_raw, media_dir)
-    return f"{stats['videos']} GIFs of {stats['frames']} frames and {stats['sentences']} sentences"
-
-
-#: the built-in generator of each raw format (datasets.<name>.format with generate: true)
-WRITERS: dict[str, Callable[[dict[str, Any], int, str, Path, Path], str]] = {
-    "karpathy": _write_images,
-    "tgif": _write_videos,
-}
-
-
-def main(args: argparse.Namespace) -> None:
-    params = params_mod.load(args.params)
-    spec = params_mod.dataset_spec(params, args.dataset)
-    cfg = spec["synthetic"]
-    out_json, image_dir = Path(args.out_json), Path(args.image_dir)
-    if out_json.resolve().is_relative_to(image_dir.resolve()):
-        raise CaprlError(f"--out-raw {out_json} lies inside --media-dir (--image-dir) {image_dir}, which is "
-                         "replaced as a whole")
-    if spec["format"] not in WRITERS:
-        raise CaprlError(f"datasets.{args.dataset}.format: the built-in generator writes {', '.join(WRITERS)}, "
-                         f"not '{spec['format']}'")
-    if not spec["generate"]:
-        log.warning("%s: datasets.%s.generate is false; generating it anyway", args.params, args.dataset)
-    start = time.perf_counter()
-    what = WRITERS[spec["format"]](cfg, int(params["seed"]), args.dataset, out_json, image_dir)
-    log.info("wrote %s of %s (%s) to %s and %s in %.1fs", what, args.dataset,
-             ", ".join(f"{cfg[f'n_{s}']} {s}" for s in SPLITS), image_dir, out_json, time.perf_counter() - start)

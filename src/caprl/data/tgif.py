@@ -31,7 +31,7 @@ from tqdm import tqdm
 from caprl import io
 from caprl.data import SPLITS
 from caprl.data.gif import GifError, GifLimits, gif_limits, probe, video_settings
-from caprl.data.prepare import tokenize
+from caprl.data.karpathy import tokenize
 from caprl.errors import CaprlError
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from caprl import provenance
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone, build_backbone
+from caprl.features.media import require_media
 from caprl.features.store import open_writer
 
 log = logging.getLogger(__name__)
@@ -46,20 +47,6 @@ def shard_count(shard: int, shards: Sequence[int]) -> int:
 def shard_images(images: Sequence[Mapping[str, Any]], shard: int, n_shards: int) -> list[Mapping[str, Any]]:
     """Shard ``shard`` of ``n_shards``: every n-th image of the images sorted by id."""
     return sorted(images, key=lambda im: int(im["id"]))[shard::n_shards]
-
-
-def require_media(records: Sequence[Mapping[str, Any]], root: Path, source: str, noun: str = "image",
-                  id_name: str = "image") -> None:
-    """Every record's ``file`` must exist under ``root``; else a CaprlError naming the first
-    missing one (``noun``: image, GIF; ``id_name``: image, video) and how many of the shard are missing."""
-    missing = [r for r in records if not (root / r["file"]).is_file()]
-    if missing:
-        first = missing[0]
-        raise CaprlError(
-            f"{root / first['file']}: {noun} not found ({id_name} id {first['id']} in "
-            f"{source}); {len(missing)} of {len(records)} {noun}s of this shard are missing under {root}: restore "
-            "them (re-download, or re-run caprl synthesize) or pass the right --image-root"
-        )
 
 
 def load_image(path: Path, image_id: int, source: str) -> Image.Image:

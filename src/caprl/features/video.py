@@ -44,7 +44,7 @@ from tqdm import tqdm
 from caprl.data.gif import GifError, GifLimits, sample_frames
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone
-from caprl.features.extract import require_media
+from caprl.features.media import require_media
 from caprl.features.store import open_writer
 
 log = logging.getLogger(__name__)
