@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,8 +23,8 @@ from typing import Any
 
 import torch
 
-from caprl.errors import CaprlError
-from caprl.io import atomic_path
+from caprl.errors import CaprlError, WriteError
+from caprl.io import atomic_path, guess_write_errno, left_as_it_was, write_cause
 from caprl.models import CaptionModel, build_model
 
 FORMAT = 2  # version of the on-disk layout below
@@ -89,9 +90,26 @@ def model_record(model: CaptionModel, arch: str) -> ModuleRecord:
 
 
 def save_payload(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
-    """Write atomically: a job killed mid-save leaves the previous file intact."""
+    """Write atomically: a job killed mid-save, or a save that fails, leaves the previous file intact.
+
+    A failed write is a :class:`WriteError` naming ``path`` and the cause. torch's zip writer
+    reports one as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``; it
+    writes through a Python file here, so the ``OSError`` behind that is kept (as its context)
+    and names the cause; were it lost, the cause is guessed from the file-size limit and the
+    free space (:func:`caprl.io.guess_write_errno`).
+    """
     with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save(payload, fh)
+        except RuntimeError as exc:
+            if write_cause(exc) is not None or not _ZIP_WRITE_FAILED.search(str(exc)):
+                raise  # atomic_path names the cause; or not a failed write
+            detail = f"{left_as_it_was(Path(path))}; torch: {exc}"
+            raise WriteError(path, guess_write_errno(tmp), detail=detail) from exc
+
+
+_ZIP_WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|unexpected pos|iostream error")
 
 
 def load_payload(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 
-from caprl.errors import CaprlError
+from caprl.errors import CaprlError, WriteError
 
 # stage name -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
@@ -86,7 +87,28 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(STAGES[args.stage][0])
         module.main(args)
     except CaprlError as exc:
-        logging.getLogger("caprl").error("%s", exc)
-        print(f"caprl {args.stage}: error: {exc}", file=sys.stderr)
-        return 2
+        return user_error(args.stage, exc)
+    except Exception as exc:
+        # a full disk, quota or file-size limit met outside caprl.io's atomic writes
+        from caprl.io import write_error
+
+        error = write_error(exc)
+        if error is None:
+            raise
+        return user_error(args.stage, error)
     return 0
+
+
+def user_error(stage: str, exc: CaprlError) -> int:
+    """Log and print ``caprl <stage>: error: <message>`` (no traceback); the exit code, 2."""
+    logging.getLogger("caprl").error("%s", exc)
+    print(f"caprl {stage}: error: {exc}", file=sys.stderr)
+    if isinstance(exc, WriteError):
+        from caprl.io import hdf5_files_left_open
+
+        if hdf5_files_left_open():  # a failed HDF5 close: the library's teardown would crash (SIGSEGV)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
+    return 2

@@ -18,7 +18,8 @@ import numpy as np
 from tqdm import tqdm
 
 from caprl.errors import CaprlError
-from caprl.features.store import check_file, open_features_file, open_writer
+from caprl.features.store import FeatureWriter, check_file, open_features_file
+from caprl.io import atomic_hdf5
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,9 @@ def merge_shards(
                                  "extracted from other annotations: re-run caprl features")
 
         n, dim, n_regions = len(sorted_ids), int(common["dim"]), int(common["n_regions"])
-        with open_writer(out, n, dim, n_regions, common) as writer:
+        with atomic_hdf5(out) as h5:  # a failed write: a WriteError, the old file kept, HDF5 closed safely
+            h5.attrs.update(common)  # the layout of caprl.features.store.open_writer
+            writer = FeatureWriter(h5, n, dim, n_regions)
             for start in tqdm(range(0, n, BLOCK_ROWS), desc="merge features", unit="block", mininterval=5.0, disable=None):
                 block = order[start:start + BLOCK_ROWS]
                 pooled = np.empty((len(block), dim), np.float32)
@@ -112,6 +115,8 @@ def merge_shards(
                     pooled[where] = files[s]["pooled"][uniq][inverse]
                     regions[where] = files[s]["regions"][uniq][inverse]
                 writer.write(all_ids[block], pooled, regions)
+            if writer.rows_written != n:
+                raise RuntimeError(f"{out}: wrote {writer.rows_written} of {n} rows")
     log.info("merged %d shard(s), %d images -> %s", len(paths), n, out)
     return n
 

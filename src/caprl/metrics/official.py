@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from caprl.errors import CaprlError
+from caprl.errors import CaprlError, WriteError
+from caprl.io import write_cause
 
 if TYPE_CHECKING:
     from caprl.metrics.spice_server import SpiceServer
@@ -114,8 +115,41 @@ def ptb_tokenize(captions: Mapping[Hashable, Sequence[str]]) -> dict[Hashable, l
     wrapped = {key: [{"caption": str(c)} for c in caps] for key, caps in captions.items() if len(caps)}
     if not wrapped:
         return {key: [] for key in captions}
-    tokenized = PTBTokenizer().tokenize(wrapped)
+    try:
+        tokenized = PTBTokenizer().tokenize(wrapped)
+    except OSError as exc:
+        error = _tokenizer_write_error(exc)
+        if error is None:
+            raise
+        raise error from exc
     return {key: tokenized.get(key, []) for key in captions}
+
+
+def _tokenizer_write_error(exc: OSError) -> WriteError | None:
+    """A failed write of PTBTokenizer's temporary file as a WriteError naming it (removed first).
+
+    pycocoevalcap writes the sentences to ``tempfile.NamedTemporaryFile(dir=<its tokenizer
+    folder>, delete=False)``: beside its jar, in the installed package, whatever ``TMPDIR``
+    says; a failed write leaves that file there.
+    """
+    cause = write_cause(exc)
+    if cause is None:
+        return None
+    folder = _package_dir("pycocoevalcap.tokenizer.ptbtokenizer")
+    path, what = folder, "the PTB tokenizer's temporary file in"  # when it could not even be created
+    tb = exc.__traceback__
+    while tb is not None:  # the tokenizer's frame holds the file it failed to write
+        code = tb.tb_frame.f_code
+        tmp_file = tb.tb_frame.f_locals.get("tmp_file") if Path(code.co_filename).parent == folder else None
+        if tmp_file is not None:
+            with contextlib.suppress(OSError):
+                tmp_file.close()  # its buffer cannot be written either
+            path, what = Path(tmp_file.name), "the PTB tokenizer's temporary file"
+            path.unlink(missing_ok=True)
+        tb = tb.tb_next
+    hint = (f"pycocoevalcap's PTB tokenizer writes this file in its own package folder {folder}, whatever TMPDIR "
+            "says: to move it, install pycocoevalcap on a filesystem with room, e.g. in a virtual environment there")
+    return WriteError(path, cause[0], detail=hint, what=what)
 
 
 class OfficialScorer:

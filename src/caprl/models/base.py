@@ -115,12 +115,18 @@ class CaptionModel(nn.Module):
         core = self.core(words, ctx, state)
         return StepOutput(torch.log_softmax(self.head(core.out), dim=-1), core.state, core.attention, core.hidden)
 
-    def token_logprobs(self, ctx: Batch, labels: torch.Tensor) -> torch.Tensor:
+    def token_logprobs(self, ctx: Batch, labels: torch.Tensor, sample_prob: float = 0.0,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
         """``[B, S, T+1]``: every stage's log-probability of each gold word of ``labels [B, T]``
         (position T: the end token), 0 after a caption's end token. What XE needs, computed
         without waste: captions are sorted by length and the batch shrinks as they end (no
         step is run for padding), and the output layer runs once over all positions.
         Equal to gathering :meth:`teacher_forcing` (same dropout distribution, other draws).
+
+        ``sample_prob`` > 0: scheduled sampling (Bengio et al. 2015, as self-critical.pytorch
+        trains XE): every input after the start token is, per row and with that probability, a
+        word sampled (``generator``) from the last stage's distribution of the step before
+        instead of the gold word; the targets stay gold. The output layer then runs per step.
         """
         batch, length = labels.shape
         steps = (labels > 0).sum(dim=1) + 1  # words + the end token
@@ -142,11 +148,16 @@ class CaptionModel(nn.Module):
                 prev = prev[:n]
             core = self.core(prev, ctx, state)
             state = core.state
-            outs.append(core.out)
             targets.append(gold[:n, t])
-            prev = gold[:n, t, None].expand(n, self.n_stages)
-        packed = torch.cat(outs)  # [P, S, F], position-major
-        logits = self.head(packed)  # [P, S, V]
+            word = gold[:n, t]
+            if sample_prob > 0:
+                outs.append(self.head(core.out))  # [n, S, V]: the step's logits, sampled from below
+                word = self._scheduled(outs[-1][:, -1], word, sample_prob, generator)
+            else:
+                outs.append(core.out)
+            prev = word[:, None].expand(n, self.n_stages)
+        packed = torch.cat(outs)  # [P, S, F] (or [P, S, V] when sampling), position-major
+        logits = packed if sample_prob > 0 else self.head(packed)  # [P, S, V]
         target = torch.cat(targets).unsqueeze(1).expand(-1, logits.shape[1])  # [P, S]
         picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                   reduction="none").view(target.shape)  # rows contiguous: the fast kernel
@@ -156,6 +167,15 @@ class CaptionModel(nn.Module):
         out = picked.new_zeros(batch, length + 1, logits.shape[1])
         out = out.index_put((rows, cols), picked)
         return out.transpose(1, 2)
+
+    @staticmethod
+    def _scheduled(logits: torch.Tensor, gold: torch.Tensor, sample_prob: float,
+                   generator: torch.Generator | None) -> torch.Tensor:
+        """The next input of each row: gold, or with ``sample_prob`` a word sampled from ``logits``."""
+        probs = torch.softmax(logits.detach().float(), dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        use = torch.rand(gold.shape[0], generator=generator, device=gold.device) < sample_prob
+        return torch.where(use, sampled, gold)
 
     def teacher_forcing(self, ctx: Batch, labels: torch.Tensor) -> torch.Tensor:
         """Log-probabilities ``[B, S, T+1, V]`` of every stage given gold words ``labels [B, T]``.

@@ -52,7 +52,8 @@ class ObjectiveEnv:
 
 @dataclass
 class Options:
-    """Options every method reads; subclasses add theirs (no defaults: params.yaml has them)."""
+    """Options every method reads; subclasses add theirs (no defaults: params.yaml has them, but
+    for an option that switches a later addition off, e.g. XE's scheduled sampling)."""
 
     lr: float
     epochs: int
@@ -66,7 +67,8 @@ class Options:
         if unknown:
             raise CaprlError(f"{where}: unknown option(s) {', '.join(unknown)}; this method takes "
                              f"{', '.join(sorted(fields))}")
-        missing = sorted(set(fields) - set(values))
+        missing = sorted(name for name, f in fields.items() if name not in values
+                         and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         if missing:
             raise CaprlError(f"{where}: option(s) {', '.join(missing)} missing (set them under objectives: "
                              "in params.yaml or in the run's options)")

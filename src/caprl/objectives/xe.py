@@ -1,11 +1,20 @@
-"""Cross-entropy with teacher forcing; for multi-stage models the sum of the stages' losses (Stack-Cap eq. 10)."""
+"""Cross-entropy with teacher forcing; for multi-stage models the sum of the stages' losses (Stack-Cap eq. 10).
+
+Scheduled sampling (off in the demo, ``ss_start: -1``) follows self-critical.pytorch's
+``scheduled_sampling_*`` options (train.py): from epoch ``ss_start`` on (after it, as there),
+the probability of feeding a sampled word is ``ss_increase_prob`` per ``ss_increase_every``
+epochs, at most ``ss_max_prob``; the samples are drawn from a generator seeded by the run's
+seed and the step, so a resumed run draws the same.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from caprl.models.base import CaptionModel, map_batch
-from caprl.objectives.base import Batch, Objective, register_objective
+from caprl.objectives.base import Batch, Objective, Options, register_objective
 
 
 def token_mask(labels: torch.Tensor) -> torch.Tensor:
@@ -19,14 +28,42 @@ def gold_targets(labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([labels, labels.new_zeros(labels.shape[0], 1)], dim=1)
 
 
+@dataclass
+class XEOptions(Options):
+    ss_start: int = -1  # epoch after which scheduled sampling starts (-1: never; SCP scheduled_sampling_start)
+    ss_increase_every: int = 5  # epochs per increase of the sampling probability
+    ss_increase_prob: float = 0.05  # its increase
+    ss_max_prob: float = 0.25  # its ceiling
+
+
+def sampling_probability(epoch: int, options: XEOptions) -> float:
+    """Scheduled sampling's probability in (0-based) ``epoch``: 0 up to ``ss_start``, then
+    ``ss_increase_prob`` per ``ss_increase_every`` epochs since, at most ``ss_max_prob``."""
+    if options.ss_start < 0 or epoch <= options.ss_start:
+        return 0.0
+    steps = (epoch - options.ss_start) // max(1, options.ss_increase_every)
+    return min(options.ss_increase_prob * steps, options.ss_max_prob)
+
+
 @register_objective("xe")
 class CrossEntropy(Objective):
+    Options = XEOptions
+    options: XEOptions
+
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         # encode each image once, then one row per gold caption (5x less encoder work on COCO)
         ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
-        nll = -model.token_logprobs(ctx, batch.labels)  # [M, S, T+1]
+        step = batch.noise.step if batch.noise is not None else 0
+        prob = sampling_probability(step // max(1, int(self.env.extras.get("steps_per_epoch", 1))), self.options)
+        generator = None
+        if prob > 0:
+            seed = batch.noise.seed if batch.noise is not None else 0
+            generator = torch.Generator(device=batch.labels.device).manual_seed(hash((seed, step, 7919)) % 2**63)
+        nll = -model.token_logprobs(ctx, batch.labels, prob, generator)  # [M, S, T+1]
         mask = token_mask(batch.labels)
         per_stage = torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
         metrics = {f"xe_stage{s}": float(v) for s, v in enumerate(per_stage.detach())} if len(per_stage) > 1 else {}
         metrics["xe"] = float(per_stage[-1].detach())
+        if prob > 0:
+            metrics["ss_prob"] = prob
         return per_stage.sum(), metrics
