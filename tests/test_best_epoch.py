@@ -140,3 +140,20 @@ def test_mlflow_sync_logs_a_history_record_under_the_trainers_keys() -> None:
     epoch = {"epoch": 1, "step": 2, "train_loss": 1.5, "lr": 1e-3, "step_losses": [1.0, 2.0], "seconds": 0.3,
              "val_CIDEr-D": 0.4}
     assert epoch_metrics(epoch) == {"train/epoch_loss": 1.5, "train/lr": 1e-3, "seconds": 0.3, "val/CIDEr-D": 0.4}
+
+
+def test_early_stopping_ends_a_run_patience_epochs_after_its_best(xe_run: Path, tmp_path: Path) -> None:
+    """``train.patience``: a run whose epochs all fall below its start (epoch 0) stops after
+    ``patience`` epochs; run again from its state, it trains no further (the stop is a function
+    of the position); best.pt is the start."""
+    model, env = make(seed=1)
+    objective = Unlearn(CrossEntropy.Options.from_dict(XE, "unlearn"), env, model)
+    load_inits({"model": model}, {"model": str(xe_run / "best.pt")}, {"model": "fc-xe"}, "fc-unlearn", "toy")
+    trainer = toy_trainer(objective, model, tmp_path, epochs=XE["epochs"], validate=validator(), init={"model": "fc-xe"})
+    trainer.config.patience = 2
+    history = fit(trainer)
+    assert [h["epoch"] for h in history] == [0, 1, 2] and XE["epochs"] > 3
+    assert checkpoint.load(tmp_path / "best.pt").position["best_epoch"] == 0
+    again = toy_trainer(objective, model, tmp_path, epochs=XE["epochs"], validate=validator(), init={"model": "fc-xe"})
+    again.config.patience = 2
+    assert [h["epoch"] for h in fit(again)] == [0, 1, 2]

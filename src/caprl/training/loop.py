@@ -66,6 +66,7 @@ class LoopConfig:
     seed: int
     amp: str = "none"  # "bf16": the loss under bfloat16 autocast (weights, optimiser and rewards stay float32)
     prefetch: int = 2  # batches read ahead by a background thread
+    patience: int = 0  # early stopping: end when this many epochs in a row beat no earlier one on val (0: never)
 
 
 @dataclass
@@ -240,7 +241,7 @@ class Trainer:
         n_batches = (len(train_ids) + cfg.batch_size - 1) // cfg.batch_size
         if self.starts_from_init and self.pos.step == 0 and not self.pos.history:  # fresh, not resumed
             self._score_start()
-        while self.pos.epoch < cfg.epochs:
+        while self.pos.epoch < cfg.epochs and not self._out_of_patience():
             for group, lr in zip(self.optimizer.param_groups, self.lrs(self.pos.epoch)):
                 group["lr"] = lr  # also after a resume mid-epoch (the state's rates are overwritten alike)
             order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
@@ -264,6 +265,17 @@ class Trainer:
             bar.close()
             self._end_epoch(list(self.pos.epoch_losses), time.time() - started)
         return self.pos
+
+    def _out_of_patience(self) -> bool:
+        """Early stopping: ``patience`` epochs since the best (the start counts as epoch 0); a pure
+        function of the position, so a resumed run stops where the uninterrupted one does."""
+        best, patience = self.pos.best_epoch, self.config.patience
+        if patience <= 0 or best is None or self.pos.epoch - best < patience:
+            return False
+        if self.pos.epoch < self.config.epochs:
+            log.info("early stop after epoch %d: no better validation %s for %d epochs (best: epoch %d)",
+                     self.pos.epoch, self.objective.select, patience, best)
+        return True
 
     def batches(self, global_batches: list[list[int]]) -> Iterator[tuple[list[int], tuple[Batch, int]]]:
         """``(global ids, (this process's batch on the device, its offset))`` per batch, read ahead."""
