@@ -16,8 +16,7 @@ from torch import nn
 from caprl import checkpoint
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv
-from caprl.objectives.base import Options
-from caprl.objectives.xe import CrossEntropy
+from caprl.objectives.xe import CrossEntropy, XEOptions
 from caprl.training.loop import Preempted
 from conftest import sigterm_after_step
 from toy import CONSTANT_LR, FEAT, WORDS, ToyData, decode, fit, toy_trainer
@@ -26,8 +25,8 @@ TURNS = ("speaker", "probe")
 
 
 @dataclass
-class TwoTurnOptions(Options):
-    probe_lr: float
+class TwoTurnOptions(XEOptions):
+    probe_lr: float = 0.0
 
 
 class TwoTurns(CrossEntropy):

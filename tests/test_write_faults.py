@@ -196,6 +196,29 @@ def test_an_input_that_cannot_be_read_is_not_reported_as_the_outputs_write(tmp_p
     assert temporaries(tmp_path) == []
 
 
+def test_a_copy_that_does_not_fit_names_its_destination(tmp_path: Path) -> None:
+    """shutil.copyfile's error names the source first (``caprl train`` copies best.pt so)."""
+    source, out = tmp_path / "state" / "best.pt", tmp_path / "best.pt"
+    source.parent.mkdir()
+    source.write_bytes(os.urandom(200_000))
+    script = textwrap.dedent(f"""
+        import resource, shutil
+        from caprl import io
+        from caprl.errors import WriteError
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        try:
+            with io.atomic_path({str(out)!r}) as tmp:
+                shutil.copyfile({str(source)!r}, tmp)
+        except WriteError as exc:
+            print("WriteError:", exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"WriteError: could not write {out} ({TOO_LARGE}): "), proc.stdout
+    assert not out.exists() and temporaries(tmp_path) == []
+
+
 def test_a_hidden_cause_is_guessed_from_the_file_size_limit(tmp_path: Path) -> None:
     """torch.save to a path hides the OSError ("unexpected pos"): the file at the limit says EFBIG."""
     script = textwrap.dedent(f"""
