@@ -125,7 +125,7 @@ def write_cause(exc: BaseException) -> tuple[int, str | None] | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in WRITE_ERRNOS:
-            return current.errno, current.filename
+            return current.errno, current.filename2 or current.filename  # a copy's or rename's: its destination
         found = _HDF5_ERRNO.search(str(current))
         if found and int(found["errno"]) in WRITE_ERRNOS:
             return int(found["errno"]), found["file"]

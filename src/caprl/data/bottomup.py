@@ -31,13 +31,12 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Collection, Iterator, NamedTuple, Sequence
 
-import h5py
 import numpy as np
 from tqdm import tqdm
 
 from caprl.errors import CaprlError
 from caprl.features.store import FeatureWriter, chunk_rows
-from caprl.io import atomic_path
+from caprl.io import atomic_hdf5
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +185,7 @@ def convert(tsv_paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[
                                             "files": [p.name for p in paths], "boxes": n_boxes}, sort_keys=True),
              **({"dataset": dataset} if dataset else {}),
              **({"annotations_sha": annotations_sha} if annotations_sha else {})}
-    with atomic_path(out) as tmp, h5py.File(tmp, "w") as h5:
+    with atomic_hdf5(out) as h5:
         for key, value in attrs.items():
             h5.attrs[key] = value
         writer = FeatureWriter(h5, len(ids), dim, n_boxes)

@@ -167,13 +167,12 @@ def write_labels(path: str | Path, arrays: dict[str, np.ndarray], vocab: Vocab,
         attrs: vocab_sha256 (str), max_length (int), and what ``made_from`` records of the
                annotations (dataset, annotations_sha: :func:`caprl.provenance.record`)
     """
-    with io.atomic_path(path) as tmp:
-        with h5py.File(tmp, "w") as f:
-            for name in LABEL_DATASETS:
-                f.create_dataset(name, data=arrays[name])
-            f.attrs["vocab_sha256"] = vocab.sha256
-            f.attrs["max_length"] = vocab.max_length
-            f.attrs.update(made_from or {})
+    with io.atomic_hdf5(path) as f:
+        for name in LABEL_DATASETS:
+            f.create_dataset(name, data=arrays[name])
+        f.attrs["vocab_sha256"] = vocab.sha256
+        f.attrs["max_length"] = vocab.max_length
+        f.attrs.update(made_from or {})
 
 
 class Labels:

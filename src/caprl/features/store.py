@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from caprl.errors import CaprlError
-from caprl.io import atomic_path
+from caprl.io import atomic_hdf5
 
 DATASETS = ("image_ids", "pooled", "regions")
 REQUIRED_ATTRS = ("backbone", "grid", "dim", "n_regions")
@@ -97,14 +97,13 @@ def open_writer(
     missing = [a for a in REQUIRED_ATTRS if a not in attrs]
     if missing:
         raise ValueError(f"features attrs lack {missing}")
-    with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
-            for key, value in attrs.items():
-                h5.attrs[key] = value
-            writer = FeatureWriter(h5, n_rows, dim, n_regions)
-            yield writer
-            if writer.rows_written != n_rows:
-                raise RuntimeError(f"{path}: wrote {writer.rows_written} of {n_rows} rows")
+    with atomic_hdf5(path) as h5:  # a full disk: a clear error, no half-closed file (caprl.io)
+        for key, value in attrs.items():
+            h5.attrs[key] = value
+        writer = FeatureWriter(h5, n_rows, dim, n_regions)
+        yield writer
+        if writer.rows_written != n_rows:
+            raise RuntimeError(f"{path}: wrote {writer.rows_written} of {n_rows} rows")
 
 
 def write_features(
