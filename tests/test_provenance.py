@@ -161,3 +161,44 @@ def test_a_file_made_before_provenance_is_read_with_a_warning(caplog: pytest.Log
     assert same == provenance.record(annotations)  # the captions and the order do not enter
     moved = {"dataset": "synthetic", "images": [{"id": 1, "split": "train"}, {"id": 2, "split": "test"}]}
     assert provenance.fingerprint(moved) != provenance.fingerprint(annotations)
+
+
+def test_a_checkpoint_records_its_data_and_is_refused_with_other_features(dataset: DatasetPaths) -> None:
+    """Training records the annotations and the features' backbone and settings in every
+    checkpoint; evaluation refuses the checkpoint with features of another backbone or setting
+    (a shared checkpoint's "gibberish captions"), naming both files."""
+    import dataclasses
+
+    from caprl import checkpoint, provenance
+
+    out = dataset.workdir / "out-xe"
+    proc = caprl("train", dataset.params, "--dataset", "synthetic", "--run", "fc-xe", *dataset.train_args(),
+                 "--checkpoint", out / "best.pt", "--history", out / "history.json", "--state-dir", out / "state",
+                 cwd=dataset.workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    made = checkpoint.load(out / "best.pt").made_from
+    assert made == {**provenance.record(json.loads(dataset.annotations.read_text())),
+                    "features": provenance.features_record(features_attrs(dataset.features))}
+    assert "code_version" not in made["features"]["settings"]
+    other = dataclasses.replace(checkpoint.load(out / "best.pt"),
+                                made_from={**made, "features": {**made["features"], "backbone": "resnet101",
+                                                                "dim": 2048}})
+    checkpoint.save(out / "other.pt", other)
+    result = dataset.workdir / "other-features"
+    proc = caprl("evaluate", dataset.params, "--dataset", "synthetic", "--run", "fc-xe", "--checkpoint",
+                 out / "other.pt", "--annotations", dataset.annotations, "--vocab", dataset.vocab, "--labels",
+                 dataset.labels, "--features", dataset.features, "--refs", dataset.references["test"],
+                 "--out-captions", result / "captions.json", "--out-scores", result / "scores.json",
+                 "--out-examples", result / "examples.json", cwd=dataset.workdir)
+    err = user_error(proc, "evaluate")
+    assert f"error: {out / 'other.pt'} was trained on other features than {dataset.features} (backbone " \
+           "'resnet101' there, 'tinycnn' here; dim 2048 there" in err
+    assert not result.exists() or not (result / "scores.json").exists()
+
+
+
+def features_attrs(path: Path) -> dict[str, Any]:
+    import h5py
+
+    with h5py.File(path) as h5:
+        return dict(h5.attrs)

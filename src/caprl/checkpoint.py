@@ -57,6 +57,7 @@ class Checkpoint:
     optimizer: dict[str, Any] | None = None
     rng: dict[str, list[Any]] | None = None  # {"cpu": [per process], "cuda": [per process]}
     mlflow_run_id: str = ""
+    made_from: dict[str, Any] = field(default_factory=dict)  # its data's record (caprl.provenance); {}: older
 
     def to_payload(self) -> dict[str, Any]:
         payload = dataclasses.asdict(self)

@@ -54,3 +54,36 @@ def check(path: str | os.PathLike[str], recorded: Mapping[str, Any], annotations
     if str(recorded[SHA]) != ours:
         raise CaprlError(f"{path} was made from annotations with fingerprint {recorded[SHA]}, but {annotations_path} "
                          f"has {ours} (other images or splits); {hint}")
+
+
+def features_record(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a model trained on a features file records of it: the backbone, its settings (without
+    the code version that extracted them: same settings, same features), the vector sizes."""
+    try:
+        settings = json.loads(str(attrs.get("backbone_config", "{}")))
+    except json.JSONDecodeError:
+        settings = {"raw": str(attrs.get("backbone_config"))}
+    if isinstance(settings, dict):
+        settings.pop("code_version", None)
+    return {"backbone": str(attrs.get("backbone", "")), "settings": settings, "dim": int(attrs.get("dim", 0)),
+            "n_regions": int(attrs.get("n_regions", 0))}
+
+
+def check_model_inputs(checkpoint_path: str | os.PathLike[str], made_from: Mapping[str, Any],
+                       features_path: str | os.PathLike[str], attrs: Mapping[str, Any],
+                       annotations_path: str | os.PathLike[str], annotations: Mapping[str, Any]) -> None:
+    """A checkpoint is read with the features and annotations it was trained with: its record
+    (``made_from``: :func:`record` and ``features``: :func:`features_record`) against theirs. A
+    checkpoint without one (an older caprl's) is read with a warning."""
+    if not made_from:
+        log.warning("%s records no provenance (made by an older caprl): its features and annotations cannot be "
+                    "checked against %s and %s", checkpoint_path, features_path, annotations_path)
+        return
+    trained, given = made_from.get("features") or {}, features_record(attrs)
+    differ = [k for k in ("backbone", "settings", "dim", "n_regions") if trained.get(k) != given[k]]
+    if differ:
+        what = "; ".join(f"{k} {trained.get(k)!r} there, {given[k]!r} here" for k in differ)
+        raise CaprlError(f"{checkpoint_path} was trained on other features than {features_path} ({what}): its "
+                         "captions would be gibberish; give it the features it was trained with, or train the run "
+                         "on these")
+    check(checkpoint_path, made_from, annotations_path, annotations, "train the run on these annotations")

@@ -105,6 +105,8 @@ def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
+    provenance.check_model_inputs(args.checkpoint, ckpt.made_from, args.features, data.features.attrs,
+                                  args.annotations, data.annotations)
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]
     references = load_references(args.refs)

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 from scipy.ndimage import gaussian_filter
 
-from caprl import checkpoint, decoding, params as params_mod
+from caprl import checkpoint, decoding, params as params_mod, provenance
 from caprl.errors import CaprlError
 from caprl.features.extract import load_image
 from caprl.io import atomic_path
@@ -151,6 +151,8 @@ def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
+    provenance.check_model_inputs(args.checkpoint, ckpt.made_from, args.features, data.features.attrs,
+                                  args.annotations, data.annotations)
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
     split = params["evaluate"]["split"]
     ids = sorted(data.split_ids(split))

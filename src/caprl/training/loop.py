@@ -48,6 +48,7 @@ class RunMeta:
     run: dict[str, Any]  # the run's spec (method, model, options, init, datasets)
     vocab_sha256: str
     config_hash: str
+    made_from: dict[str, Any] = field(default_factory=dict)  # the data it learns from (caprl.provenance)
 
 
 class Preempted(SystemExit):
@@ -171,7 +172,7 @@ class Trainer:
                     "select": self.objective.select, "history": self.pos.history}
         ckpt = checkpoint.Checkpoint(run=self.meta.run, modules=records, vocab_sha256=self.meta.vocab_sha256,
                                      config_hash=self.meta.config_hash, code_version=checkpoint.code_version(),
-                                     position=position)
+                                     position=position, made_from=self.meta.made_from)
         if with_state:
             position["epoch_losses"] = list(self.pos.epoch_losses)
             ckpt.optimizer = self.optimizer.state_dict()

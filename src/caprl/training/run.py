@@ -196,6 +196,9 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=params["decode"]["max_length"],
                        global_sum=dist.sum, world_size=dist.world, extras=extras)
     objective = build_objective(spec.method, spec.options, env, model, where=f"runs.{run}")
+    for path in dict.fromkeys(inits.values()):  # what a run starts from was trained on these data
+        provenance.check_model_inputs(path, checkpoint.load(path).made_from, data.paths.features, data.features.attrs,
+                                      data.paths.annotations, data.annotations)
     load_inits({checkpoint.MODEL: model, **objective.modules_to_save()}, inits, spec.init, run, data.vocab.sha256)
     t = params["train"]
     loop = LoopConfig(epochs=objective.options.epochs, lr=objective.options.lr, batch_size=t["batch_size"],
@@ -208,7 +211,9 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                    config_hash=config_hash(record, arch, model_params, t, params["seed"], params["decode"],
                                            params["rewards"].get(reward_name) if reward_name else None,
                                            params.get("listener") if objective.modules_to_save() else None,
-                                           fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])))
+                                           fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])),
+                   made_from={**provenance.record(data.annotations),
+                              "features": provenance.features_record(data.features.attrs)})
     experiment = params["tracking"]["experiment"]
     previous = state_dir / "last.pt"
     run_id = None
