@@ -52,6 +52,11 @@ def test_two_processes_follow_the_one_process_curve(dataset: DatasetPaths, tmp_p
     assert len(one_xe) == len(two_xe) == 4
     assert one_xe == pytest.approx(two_xe, rel=1e-5, abs=1e-6)
     for name, tensor in weights(one_state).items():
+        if name.endswith("score.bias"):
+            # The attention score's bias shifts every score of a softmax alike: its true gradient
+            # is 0, so Adam turns the rounding noise of the sum over rows (in another order under
+            # DDP) into full-size steps of either sign. It changes no output; nothing to compare.
+            continue
         assert torch.allclose(tensor, weights(two_state)[name], atol=1e-5), name
 
     one_rl, _ = train(dataset, f"{model}-scst", 1, tmp_path / "rl1", init=tmp_path / "xe1" / "best.pt")

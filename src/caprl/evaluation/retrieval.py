@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from caprl import checkpoint, io, params as params_mod
+from caprl import checkpoint, io, params as params_mod, provenance
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.data.vocab import Vocab
 from caprl.device import default_device
@@ -179,6 +179,8 @@ def retrieval_report(params: dict[str, Any], args: argparse.Namespace) -> dict[s
     mode = caption_mode(args)
     data = CaptionData.from_args(args, Loading.from_params(params))
     listener = load_listener(args.checkpoint, params, len(data.vocab), data.feat_dim, data.vocab.sha256)
+    provenance.check_model_inputs(args.checkpoint, checkpoint.load(args.checkpoint).made_from, args.features,
+                                  data.features.attrs, args.annotations, data.annotations)
     split = params["evaluate"]["split"]
     ids = data.split_ids(split)
     batch_size = params["evaluate"]["batch_size"]

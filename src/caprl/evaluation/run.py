@@ -128,7 +128,8 @@ def main(args: argparse.Namespace) -> None:
                                 **decoder_settings(params, args.run, decode["method"], value))
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "best_epoch": (ckpt.position or {}).get("best_epoch"),
-                            "beam_size": decode["beam_size"], "code_version": ckpt.code_version}
+                            "beam_size": decode["beam_size"], "code_version": ckpt.code_version,
+                            "made_from": ckpt.made_from}  # what its model learnt from (caprl.provenance)
     extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
     if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:
         extra["diversity"] = diversity_report(model, data, ids, references, params)
