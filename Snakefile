@@ -34,6 +34,9 @@ include: "workflow/rules/tables.smk"
 include: "workflow/rules/tuning.smk"
 
 
+check_resources(workflow.rules)  # resources: in params.yaml names rules of this workflow
+
+
 rule all_tables:
     default_target: True  # also the target of `snakemake --report report.html`
     input:

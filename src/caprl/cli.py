@@ -37,6 +37,7 @@ STAGES: dict[str, tuple[str, str]] = {
                      "paper 004 Figs. 3-4: recall@10 against each language metric, and against rho (PNG)"),
     "curves": ("caprl.figures.curves", "learning curves of every run of a dataset: PNG + CSV per run, an overview PNG"),
     "dvc-yaml": ("caprl.dvc_gen", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
+    "plan": ("caprl.costs", "every job of the plan with its estimated GPU-hours and peak memory, and the total"),
     "download": ("caprl.data.download", "download a real dataset's files (COCO 2014, Karpathy's splits, TGIF GIFs)"),
     "bottomup": ("caprl.data.bottomup", "bottom-up-attention 36-box feature TSV(s) -> a features HDF5 file"),
     "pretrain-tinycnn": ("caprl.features.tinycnn",
@@ -66,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="stage", metavar="STAGE", required=True)
     for name, (_module, help_text) in STAGES.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
-        sp.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+        sp.add_argument("--params", nargs="+", default=["params.yaml"], metavar="FILE",
+                        help="parameters file(s), later ones laid over earlier ones, e.g. "
+                             "params.yaml configs/recipes/<name>.yaml (default: params.yaml)")
         sp.add_argument("--log", default=None, help="also append log lines to this file")
         sp.add_argument("-v", "--verbose", action="store_true")
     return parser

@@ -206,14 +206,43 @@ def dvc_stages(plan: Plan) -> dict[str, Stage]:
     return stages
 
 
-def render(params: dict[str, Any]) -> str:
-    """The text of dvc.yaml for these params."""
+def _has_key(tree: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def layer_stages(stages: dict[str, Stage], files: list[str]) -> dict[str, Stage]:
+    """The stages for params.yaml with recipe files laid over it: every command reads all the files
+    (``--params params.yaml R.yaml``) and every stage depends on the keys it reads in each file
+    that sets them (DVC's per-file ``params``), so editing a recipe re-runs only what it changes."""
+    if files == [PARAMS]:
+        return stages
+    layers = {f: params_mod.read([f]) for f in files[1:]}
+    out: dict[str, Stage] = {}
+    for name, stage in stages.items():
+        stage = dict(stage, cmd=stage["cmd"].replace(f"--params {PARAMS} ", f"--params {' '.join(files)} ", 1))
+        keys = stage.get("params")
+        if keys:
+            stage["params"] = [*keys, *({f: [k for k in keys if _has_key(layer, k)]} for f, layer in layers.items()
+                                        if any(_has_key(layer, k) for k in keys))]
+        out[name] = stage
+    return out
+
+
+def render(params: dict[str, Any], files: list[str] | None = None) -> str:
+    """The text of dvc.yaml for these params (read from ``files``: params.yaml, then any recipe)."""
+    files = files or [PARAMS]
     plan = build_plan(params)
     log_skipped(plan)
-    body = yaml.safe_dump({"stages": dvc_stages(plan)}, sort_keys=False, width=10_000, default_flow_style=False)
+    stages = layer_stages(dvc_stages(plan), files)
+    body = yaml.safe_dump({"stages": stages}, sort_keys=False, width=10_000, default_flow_style=False)
     skipped = "".join(f"#   {ds}/{run}\n" for ds, run in plan.skipped)
     note = f"# Runs left out where this was written (their reward cannot run there):\n{skipped}" if skipped else ""
-    return HEADER + note + body
+    source = "" if files == [PARAMS] else f"# Parameters: {' + '.join(files)} (`caprl dvc-yaml --params {' '.join(files)}`)\n"
+    return HEADER + source + note + body
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,11 +251,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    text = render(params_mod.load(args.params))
+    files = [str(f) for f in args.params]
+    if files[0] != PARAMS:
+        raise CaprlError(f"--params: dvc.yaml's stages read {PARAMS} first (then any recipe); got {' '.join(files)}")
+    text = render(params_mod.load(files), files)
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
         if current != text:
-            raise CaprlError(f"{args.out} is not what params.yaml gives: run `caprl dvc-yaml --params {args.params}`")
+            raise CaprlError(f"{args.out} is not what {' + '.join(files)} gives: run "
+                             f"`caprl dvc-yaml --params {' '.join(files)}`")
         log.info("%s is current", args.out)
         return
     io.write_text(args.out, text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence, Union
 
 import yaml
 
@@ -64,20 +64,64 @@ def validate(params: dict[str, Any], schema_path: Path, source: str = "params.ya
         raise CaprlError("invalid parameters:\n  " + "\n  ".join(lines))
 
 
-def load(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
-    """Load and validate params.yaml; errors name the file, line or key."""
-    p = Path(path)
+#: one params file, or several layered in order (params.yaml, then a recipe: ``--params A B``)
+ParamsFiles = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+
+
+def merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """``overlay`` laid over ``base``: mappings merge key by key, any other value replaces.
+
+    The semantics of Snakemake's ``--configfile`` (``snakemake.utils.update_config``), so that
+    ``snakemake --configfile R.yaml`` and ``caprl <stage> --params params.yaml R.yaml`` see the
+    same parameters. ``base`` is not modified.
+    """
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_one(p: Path) -> dict[str, Any]:
     if not p.exists():
         raise CaprlError(f"params file not found: {p} (run from the repository root or pass --params)")
     try:
-        params = yaml.safe_load(io.read_text(p, "params file"))
+        data = yaml.safe_load(io.read_text(p, "params file"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         raise CaprlError(f"{p}:{line} is not valid YAML: {exc}") from exc
-    if not isinstance(params, dict):
+    if not isinstance(data, dict):
         raise CaprlError(f"{p}: expected a mapping of sections at the top level")
-    validate(params, find_schema(p), source=str(p))
+    return data
+
+
+def files_of(paths: ParamsFiles) -> list[Path]:
+    """The params files of ``paths`` in layering order (a single path is a list of one)."""
+    if isinstance(paths, (str, os.PathLike)):
+        return [Path(paths)]
+    return [Path(p) for p in paths]
+
+
+def read(paths: ParamsFiles) -> dict[str, Any]:
+    """The raw parameters of one file or of several laid over each other (:func:`merge`), unchecked."""
+    files = files_of(paths)
+    if not files:
+        raise CaprlError("no params file given (pass --params params.yaml)")
+    params: dict[str, Any] = {}
+    for p in files:
+        params = merge(params, _read_one(p))
+    return params
+
+
+def load(paths: ParamsFiles = "params.yaml") -> dict[str, Any]:
+    """Load and validate params.yaml (and any recipe laid over it); errors name the file, line or key."""
+    files = files_of(paths)
+    params = read(files)
+    source = " + ".join(str(p) for p in files)
+    validate(params, find_schema(files[0]), source=source)
     params = expand_tuning(expand_sweeps(params))
     check(params)
     return params

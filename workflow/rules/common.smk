@@ -1,13 +1,17 @@
 # The plan of the workflow (caprl.workflow_plan, shared with `caprl dvc-yaml`): enabled
 # datasets, training jobs (dataset, run), evaluated runs, skipped runs, every path pattern.
-# params.yaml is the only source of parameters: every stage reads it (PARAMS) and checks it.
+# params.yaml (and a recipe laid over it) is the only source of parameters: every stage reads
+# it (PARAMS) and checks it.
 import os
 import re
+from pathlib import Path
 
 from caprl import params as params_mod, workflow_plan as wp
 from caprl.errors import CaprlError
 
-PARAMS = "params.yaml"
+# A recipe (`--configfile configs/recipes/<name>.yaml`) is laid over params.yaml by Snakemake
+# (config) and by every stage, which reads the same files in the same order (caprl.params.merge).
+PARAMS = " ".join(["params.yaml", *(os.path.relpath(f) for f in workflow.overwrite_configfiles)])
 try:
     PLAN = wp.build_plan(config)
 except CaprlError as exc:
@@ -30,6 +34,27 @@ TUNING_FILES = PLAN.tuning_files()
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches and tinycnn on CPU.
 TRAIN_GPUS = config["train"]["gpus"]
+
+
+def job_resources(rule, gpu=None):
+    """What one job of `rule` asks a cluster for: params' resources.<rule> over resources.default
+    (runtime in minutes, mem_mb, gpu); `gpu` where params decide elsewhere (train.gpus, backbone)."""
+    spec = {**config["resources"]["default"], **config["resources"].get(rule, {})}
+    gpus = spec.pop("gpus", 0)
+    return {**spec, "gpu": gpus if gpu is None else gpu}
+
+
+def check_resources(rules):
+    """resources: names rules of this workflow, and leaves the GPUs params decide elsewhere alone."""
+    # every rule the workflow can define (some only for datasets that need them), curves_<ds> as curves
+    names = {re.sub(r"^curves_.*", "curves", rule.name) for rule in rules}
+    names |= set(re.findall(r"^\s*rule (\w+):", "".join(p.read_text() for p in Path(workflow.basedir, "workflow", "rules").glob("*.smk")), re.M))
+    for key, spec in config["resources"].items():
+        if key != "default" and key not in names:
+            raise WorkflowError(f"{PARAMS}: resources.{key}: no rule of that name; rules: {', '.join(sorted(names))}")
+    for key, where in (("train", "train.gpus"), ("features", "the dataset's backbone")):
+        if "gpus" in config["resources"].get(key, {}):
+            raise WorkflowError(f"{PARAMS}: resources.{key}.gpus: {key}'s GPUs come from {where}; drop it")
 
 
 def one_of(names):

@@ -11,6 +11,8 @@ if GENERATED_IMAGES:
             settings=synthesize_settings,
         log:
             "logs/{dataset}/synthesize.log",
+        resources:
+            **job_resources("synthesize"),
         shell:
             "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
             " --out-raw {output.json} --media-dir {output.images}"
@@ -29,6 +31,8 @@ if GENERATED_VIDEOS:
             settings=synthesize_settings,
         log:
             "logs/{dataset}/synthesize.log",
+        resources:
+            **job_resources("synthesize_video"),
         shell:
             "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
             " --out-raw {output.tsv} --media-dir {output.gifs}"
@@ -44,6 +48,8 @@ rule prepare:
         settings=prepare_settings,
     log:
         "logs/{dataset}/prepare.log",
+    resources:
+        **job_resources("prepare"),
     shell:
         "caprl prepare --params {PARAMS} --log {log} --dataset {wildcards.dataset} --raw {input.raw[0]}"
         " --media-root {input.media} --out {output}"
@@ -63,6 +69,8 @@ rule vocab:
         settings=lambda wildcards: dataset_vocab(config, wildcards.dataset),
     log:
         "logs/{dataset}/vocab.log",
+    resources:
+        **job_resources("vocab"),
     shell:
         "caprl vocab --params {PARAMS} --log {log} --annotations {input} --out-vocab {output.vocab} --out-labels {output.labels}"
 
@@ -74,6 +82,8 @@ rule references:
         wp.REFS,
     log:
         "logs/{dataset}/references_{split}.log",
+    resources:
+        **job_resources("references"),
     shell:
         "caprl references --params {PARAMS} --log {log} --annotations {input} --split {wildcards.split} --out {output}"
 
@@ -85,5 +95,7 @@ rule cider_df:
         wp.CIDER_DF,
     log:
         "logs/{dataset}/cider_df.log",
+    resources:
+        **job_resources("cider_df"),
     shell:
         "caprl cider-df --params {PARAMS} --log {log} --annotations {input} --split train --out {output}"

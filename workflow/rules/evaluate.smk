@@ -15,6 +15,8 @@ rule evaluate:
         settings=evaluate_settings,
     log:
         "logs/{dataset}/evaluate/{run}.log",
+    resources:
+        **job_resources("evaluate"),
     shell:
         "caprl evaluate --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --checkpoint {input.checkpoint} --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels}"
@@ -34,6 +36,8 @@ rule baseline:
         settings={"evaluate": config["evaluate"]},
     log:
         f"logs/{{dataset}}/evaluate/{wp.BASELINE_RUN}.log",
+    resources:
+        **job_resources("baseline"),
     shell:
         "caprl baseline --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
         " --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores} --out-examples {output.examples}"
@@ -61,6 +65,8 @@ if RETRIEVED_RUNS:
             settings={"split": EVAL_SPLIT, "listener": config["listener"]},
         log:
             "logs/{dataset}/retrieval/{run}.log",
+        resources:
+            **job_resources("retrieval"),
         shell:
             "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
             " --checkpoint {input.checkpoint} --captions {input.captions} --annotations {input.annotations}"
@@ -89,6 +95,8 @@ if GOLD_RETRIEVED_RUNS:
             settings={"split": EVAL_SPLIT, "listener": config["listener"]},
         log:
             "logs/{dataset}/retrieval/{run}.log",
+        resources:
+            **job_resources("gold_retrieval"),
         shell:
             "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
             " --checkpoint {input.checkpoint} --gold --annotations {input.annotations} --vocab {input.vocab}"

@@ -13,7 +13,7 @@ rule features:
     log:
         "logs/{dataset}/features_{backbone}_{shard}.log",
     resources:
-        gpu=features_gpus,
+        **job_resources("features", gpu=features_gpus),
     shell:
         "caprl features --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
         " --image-root {input.images} --shard {wildcards.shard} --out {output}"
@@ -31,6 +31,8 @@ rule merge_features:
         shard_dir=wp.SHARD_DIR,
     log:
         "logs/{dataset}/merge_features_{backbone}.log",
+    resources:
+        **job_resources("merge_features"),
     shell:
         "caprl merge-features --params {PARAMS} --log {log} --annotations {input.annotations} --shard-dir {params.shard_dir}"
         " --out {output}"
@@ -49,6 +51,8 @@ if BOTTOMUP_DATASETS:
             backbone=wp.BOTTOMUP,
         log:
             "logs/{dataset}/features_{backbone}.log",
+        resources:
+            **job_resources("bottomup_features"),
         shell:
             "caprl bottomup --params {PARAMS} --log {log} --tsv {input.tsv} --annotations {input.annotations}"
             " --dataset {wildcards.dataset} --out {output}"

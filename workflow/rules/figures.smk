@@ -29,6 +29,8 @@ if ATTENTION_DATASETS:
             settings={"figures": config["figures"], "evaluate": config["evaluate"], "decode": config["decode"]},
         log:
             "logs/{dataset}/attention_figure.log",
+        resources:
+            **job_resources("attention_figure"),
         shell:
             "caprl attention-figure --params {params.params_file} --log {log} --dataset {wildcards.dataset}"
             " --checkpoint {input.checkpoint} --annotations {input.annotations} --features {input.features}"
@@ -62,6 +64,8 @@ if PSST_DATASETS:
             settings=table_settings,
         log:
             "logs/{dataset}/psst_figures.log",
+        resources:
+            **job_resources("psst_figures"),
         shell:
             "caprl psst-figures --params {params.params_file} --log {log} --dataset {wildcards.dataset}"
             " --results-dir {params.results} --out-dir {params.out_dir}"
@@ -89,6 +93,8 @@ for curves_dataset in [ds for ds in DATASETS if PLAN.curve_files(ds)]:
             out_dir=curves_folder,
         log:
             f"logs/{curves_dataset}/curves.log",
+        resources:
+            **job_resources("curves"),
         shell:
             "caprl curves --params {params.params_file} --log {log} --dataset {params.dataset}"
             " --out-dir {params.out_dir} --overview {output.overview} --history {input}"

@@ -19,6 +19,8 @@ rule tables:
         settings=table_settings,
     log:
         "logs/{dataset}/tables_{table}.log",
+    resources:
+        **job_resources("tables"),
     shell:
         "caprl tables --params {params.params_file} --log {log} --dataset {wildcards.dataset} --table {wildcards.table}"
         " --results-dir {params.results} --out-dir {params.out_dir}"

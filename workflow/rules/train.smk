@@ -17,7 +17,7 @@ rule train:
     log:
         "logs/{dataset}/train/{run}.log",
     resources:
-        gpu=TRAIN_GPUS,
+        **job_resources("train", gpu=TRAIN_GPUS),
     shell:
         "caprl train --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels} --features {input.features}"

@@ -11,6 +11,8 @@ rule tune_report:
         settings=tuning_settings,
     log:
         "logs/{dataset}/tune_report.log",
+    resources:
+        **job_resources("tune_report"),
     shell:
         "caprl tune-report --params {PARAMS} --log {log} --dataset {wildcards.dataset} --out-md {output.md}"
         " --out-json {output.json}"
