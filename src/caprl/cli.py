@@ -46,7 +46,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "mlflow-sync": ("caprl.tracking_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
 }
 # Stages that maintain the repository, not steps of the DAG.
-TOOLS = {"score", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup", "pretrain-tinycnn"}
+TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup", "pretrain-tinycnn"}
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:
