@@ -31,8 +31,9 @@ import pytest
 import yaml
 import yte
 
-from caprl.workflow_plan import CPU_BACKBONES
-from conftest import REPO
+from caprl import params as params_mod
+from caprl.workflow_plan import CPU_BACKBONES, build_plan
+from conftest import REPO, TINY, generated_dataset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -42,12 +43,8 @@ TEST_PROFILE = SLURM_DIR / "profile"
 # The real profile's cluster values (its __variables__), for the test cluster.
 CLUSTER = {"partition": "ci", "account": "", "gpu_model": "fakegpu", "cpus_per_gpu": 1}
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
-PIPELINE_LIMIT_S = 480   # `timeout -s INT`: SIGINT makes snakemake cancel its jobs and exit
+PIPELINE_LIMIT_S = 720   # `timeout -s INT`: SIGINT makes snakemake cancel its jobs and exit
 RESUME_LIMIT_S = 240
-# Two runs (one XE, one RL from it) instead of the tiny config's four: every rule still
-# runs, in half the SLURM jobs (each costs ~10 s of snakemake start-up on 2 cores).
-RUNS = {"fc-xe": {"method": "xe", "model": "fc"},
-        "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}}}
 # How slurmctld's log says it started a job: the main scheduler allocates it, or the backfill
 # scheduler starts it (either may, depending on timing).
 JOB_STARTED = ("sched: Allocate JobId={id} ", "sched/backfill: _start_job: Started JobId={id} ")
@@ -226,7 +223,7 @@ def scheduled_jobs(log: str) -> dict[str, tuple[str, dict[str, str]]]:
 
 def gpus_wanted(rule: str, params: dict[str, Any]) -> int:
     """The GPUs a job of this rule should ask for: none but for these rules."""
-    cnn = params["datasets"]["synthetic"]["backbone"] not in CPU_BACKBONES
+    cnn = any(spec["backbone"] not in CPU_BACKBONES for spec in params["datasets"].values() if spec["enabled"])
     own = {rule: spec.get("gpus", 0) for rule, spec in params["resources"].items()}
     return {**own, "train": params["train"]["gpus"], "features": int(cnn)}.get(rule, 0)
 
@@ -334,21 +331,45 @@ def test_preempted_and_time_limited_jobs_resume(slurm_cluster: Cluster, tmp_path
         assert " --requeue" in call and f" {profile['default-resources']['slurm_extra']}" in call, call
 
 
-def test_all_tables_runs_every_job_on_slurm(slurm_cluster: Cluster, tiny_params: dict[str, Any],
-                                            write_params: Callable[..., Path], tmp_path: Path) -> None:
+RECIPE = REPO / "configs" / "recipes" / "actor_critic-coco.yaml"  # the smallest paper-scale recipe (4 runs)
+
+
+def scaled_down(recipe: Path) -> dict[str, Any]:
+    """An overlay that runs ``recipe`` in minutes: its dataset made by the built-in generator at the
+    tests' TINY sizes, its models, listener and objectives at TINY's sizes and epochs, one epoch per
+    run; its runs, methods, inits, tables and per-rule resources stay the recipe's."""
+    spec = yaml.safe_load(recipe.read_text())
+    (name, entry), = [(n, e) for n, e in spec["datasets"].items() if e.get("enabled")]
+    return {
+        "datasets": {name: {**generated_dataset(name, **TINY["synthetic"]), "vocab": {"min_count": 2, "max_length": 16}}},
+        "models": {m: TINY["models"][model["arch"]] for m, model in spec.get("models", {}).items()},
+        "listener": TINY["listener"],
+        "objectives": {m: {**TINY["objectives"][m], **({"warmup_epochs": 1} if m == "listener" else {})}
+                       for m in spec.get("objectives", {})},
+        "runs": {run: {"options": {"epochs": 1}} for run in entry["runs"]},
+        "train": TINY["train"], "decode": TINY["decode"], "features": TINY["features"],
+    }
+
+
+def test_a_recipe_scaled_down_runs_every_job_on_slurm(slurm_cluster: Cluster, tiny_params: dict[str, Any],
+                                                      write_params: Callable[..., Path], tmp_path: Path) -> None:
+    """`snakemake --profile slurm all_tables --configfile <recipe>` as docs/cluster.md writes it,
+    with an overlay that shrinks the recipe's data and epochs: every job a SLURM job (short jobs in
+    series grouped), each asking for the recipe's resources."""
     work = copy_workflow(tmp_path)
-    params = tiny_params
-    params["runs"] = RUNS
-    write_params(params)
+    write_params(tiny_params)
+    overlay = tmp_path / "scaled_down.yaml"
+    overlay.write_text(yaml.safe_dump(scaled_down(RECIPE), sort_keys=False))
+    params = params_mod.load([tmp_path / "params.yaml", RECIPE, overlay])
+    planned_tables = build_plan(params).table_files()
+    assert planned_tables and all(Path(t).name.startswith("coco_ac_table1.") for t in planned_tables)
     profile = render_profile(tmp_path / "profile-ci")
     started = time.monotonic()
-    log = finish(snakemake(work, tmp_path / "profile-ci", ["all_tables"], PIPELINE_LIMIT_S), work)
-    print(f"all_tables on SLURM: {time.monotonic() - started:.0f} s")
-
-    for name in (ds for ds, spec in params["datasets"].items() if spec["enabled"]):
-        for table in params["tables"]:
-            for ext in ("md", "csv", "tex"):
-                assert (work / "results" / "tables" / f"{name}_{table}.{ext}").stat().st_size > 0
+    log = finish(snakemake(work, tmp_path / "profile-ci", ["all_tables", "--configfile", str(RECIPE), str(overlay)],
+                           PIPELINE_LIMIT_S), work)
+    print(f"all_tables of {RECIPE.name}, scaled down, on SLURM: {time.monotonic() - started:.0f} s")
+    for table in planned_tables:
+        assert (work / table).stat().st_size > 0, table
 
     # Every planned job but the target rule ran as a SLURM job, once.
     planned = planned_jobs(log)
