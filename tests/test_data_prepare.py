@@ -99,8 +99,8 @@ def test_round_trip_of_the_synthetic_dataset(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("coco", ["dataset_coco.json", "caption_datasets", "train2014", "val2014", "Real data"]),
-     ("flickr30k", ["dataset_flickr30k.json", "Flickr30k", "Real data"]),
+    [("coco", ["dataset_coco.json", "caption_datasets", "train2014", "val2014", "docs/real-data.md"]),
+     ("flickr30k", ["dataset_flickr30k.json", "Flickr30k", "docs/real-data.md"]),
      ("synthetic", ["caprl synthesize"])],
 )
 def test_missing_karpathy_json_says_where_and_how(tmp_path: Path, name: str, expected: list[str]) -> None:

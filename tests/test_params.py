@@ -86,7 +86,7 @@ def test_missing_real_data_says_where_and_how(write_params, tmp_path) -> None:
     proc, out = snakemake_dry_run(tmp_path)
     assert proc.returncode != 0
     assert "datasets.coco.raw: data/raw/coco/dataset_coco.json does not exist" in out
-    assert "Karpathy" in out and "README" in out
+    assert "Karpathy" in out and "docs/real-data.md" in out
     assert not (tmp_path / "data").exists()
 
 

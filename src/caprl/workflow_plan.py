@@ -141,13 +141,13 @@ class Dataset:
             what = RAW_HELP.get(self.format, "the raw file its reader (format) reads")
             reasons.append(f"datasets.{self.name}.raw: {self.raw} does not exist. Put the dataset's raw file there "
                            f"({what}) and its media under {self.media_root}, or set "
-                           f"datasets.{self.name}.enabled: false. See README.md, 'Real data'.")
+                           f"datasets.{self.name}.enabled: false. See docs/real-data.md.")
         missing = [path for path in self.bottomup_tsv if not os.path.exists(path)]
         if missing:
             reasons.append(f"datasets.{self.name}.bottomup_tsv: {', '.join(missing)} "
                            f"{'does' if len(missing) == 1 else 'do'} not exist. Put the bottom-up features there "
                            f"({BOTTOMUP_HELP}), or drop bottomup_tsv and set datasets.{self.name}.backbone to one "
-                           "caprl extracts from images (tinycnn, patches, resnet101, resnet152). See README.md, 'Real data'.")
+                           "caprl extracts from images (tinycnn, patches, resnet101, resnet152). See docs/real-data.md.")
         return "\n".join(reasons) or None
 
 

@@ -55,7 +55,7 @@ def missing_json_message(path: Path, dataset: str) -> str:
     return (
         f"Karpathy-split JSON not found: {path} (params datasets.{dataset}.raw). "
         f"{how}; set datasets.{dataset}.raw and datasets.{dataset}.media_root in params.yaml. "
-        "See the README section 'Real data'."
+        "See docs/real-data.md."
     )
 
 
@@ -157,7 +157,7 @@ def check_images(annotations: dict[str, Any], image_root: Path, dataset: str) ->
     if not image_root.is_dir():
         raise CaprlError(
             f"image root not found: {image_root} (params datasets.{dataset}.media_root). "
-            f"{REAL_DATA_HELP.get(dataset, 'Put the images there')}. See the README section 'Real data'."
+            f"{REAL_DATA_HELP.get(dataset, 'Put the images there')}. See docs/real-data.md."
         )
     missing = [im["file"] for im in annotations["images"] if not (image_root / im["file"]).is_file()]
     if missing:
