@@ -108,3 +108,69 @@ def test_greedy_report_is_the_official_cider_d_of_the_greedy_captions() -> None:
     res = PTBTokenizer().tokenize({i: [{"caption": given[i]}] for i in ids})
     assert greedy_report(model, data, ids, references, params, given)["metrics"]["CIDEr-D"] == pytest.approx(
         Cider().compute_score(gts, res)[0], abs=1e-9) != pytest.approx(official)
+
+
+def test_the_bs_set_is_the_evaluations_own_beam_search_when_the_widths_match() -> None:
+    """One beam search gives the evaluated captions (its best beam) and Table 4's bs set: the same
+    captions as the beam decoder, the same bs set as its own top-k search (issue 21: no repeated work)."""
+    from caprl import decoding
+    from caprl.evaluation.run import decoded_captions, decoded_sets, diversity_sets, shares_the_beams
+    from caprl.models import build_model
+    from toy import FEAT, WORDS, ToyData
+
+    torch.manual_seed(0)
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), FEAT, 3).eval()
+    data, ids = ToyData(), ToyData().split_ids("val")
+    params = {"seed": 3, "evaluate": {"batch_size": 3, "diversity": {"samples": 2, "beams": 3}},
+              "decode": {"max_length": 6}}
+    decode = {"method": "beam", "beam_size": 3, "max_length": 6}
+    assert shares_the_beams(params, decode)
+    assert not shares_the_beams(params, {**decode, "beam_size": 2})
+    assert not shares_the_beams(params, {**decode, "method": "greedy"})
+    beams = decoded_sets(model, data, ids, "top_k_beams", 3, beam_size=3, n=3, max_length=6)
+    assert {i: " ".join(caps[0]) for i, caps in beams.items()} == \
+        decoded_captions(model, data, ids, "beam", 3, beam_size=3, max_length=6)
+
+    searches = []
+    real = decoding.beam_search
+
+    def counted(*args, **kwargs):
+        searches.append(1)
+        return real(*args, **kwargs)
+
+    decoding.beam_search = counted
+    try:
+        shared = diversity_sets(model, data, ids, params, bs=beams)
+        assert not searches  # the given beams are used, not searched again
+        own = diversity_sets(model, data, ids, params)
+        assert searches
+    finally:
+        decoding.beam_search = real
+    assert shared == own  # the same rs samples (seeded) and the same bs set
+
+
+def test_ptb_tokens_are_pycocoevalcaps_and_each_sentence_goes_to_the_jvm_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The references of a split are tokenised once per job however many caption sets it scores;
+    the tokens are pycocoevalcap's, sentence by sentence (its tokenizer reads one per line)."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    from caprl.metrics import official
+
+    monkeypatch.setattr(official, "_PTB_TOKENS", {})
+    calls: list[int] = []
+    real = PTBTokenizer.tokenize
+
+    def counted(self, captions):
+        calls.append(sum(len(v) for v in captions.values()))
+        return real(self, captions)
+
+    monkeypatch.setattr(PTBTokenizer, "tokenize", counted)
+    texts = {1: ["A man, riding a horse.", "a MAN riding a horse!"], 2: ["", "two dogs ... playing"],
+             3: ["A man, riding a horse."], 4: []}
+    tokens = official.ptb_tokenize(texts)
+    direct = real(PTBTokenizer(), {k: [{"caption": c} for c in v] for k, v in texts.items() if v})
+    assert tokens == {**direct, 4: []} and calls == [4]  # 5 sentences, 4 distinct: one call
+    assert official.ptb_tokenize({"again": texts[1] + texts[3]}) == {"again": direct[1] + direct[3]}
+    assert calls == [4]  # nothing new: no JVM
+    official.ptb_tokenize({"more": ["A man, riding a horse.", "A cat."]})
+    assert calls == [4, 1]  # only the new sentence

@@ -7,7 +7,7 @@ from typing import Any
 
 from caprl import io
 from caprl.errors import CaprlError
-from caprl.metrics.official import OfficialScorer
+from caprl.metrics.official import shared_scorer
 from caprl.tracking import Tracker, provenance
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,8 @@ def score_and_record(
     ev = params["evaluate"]
     results = [{"image_id": int(i), "caption": captions[i]} for i in sorted(captions)]
     io.write_json(out_captions, results)
-    scorer = OfficialScorer(corenlp_dir=params["spice"]["corenlp_dir"])
-    try:
-        scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
-    finally:
-        scorer.close()
+    scorer = shared_scorer(params["spice"]["corenlp_dir"])  # one METEOR JVM per job
+    scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
     report = {**info, "provenance": provenance(), "split": ev["split"], "n_images": len(results),
               "metrics": scored["corpus"], **(extra or {}),
               # why a metric was not computed, without this machine's paths

@@ -9,6 +9,11 @@ Table 1).
 With ``evaluate.greedy`` set, the greedy captions (the decoding that best-epoch selection
 validates with) are scored too, by the official CIDEr-D, into ``greedy``: RL methods gain most
 in greedy decoding, while an XE model gains most from the beam, so the main table shows both.
+
+No work twice in one job: every caption set is decoded first (the diversity's bs set is the
+evaluation's own beam search when the widths match), then the references and every caption go
+to the PTB tokenizer's JVM in one call (each sentence once per process), and one METEOR JVM
+scores every set (:func:`caprl.metrics.official.shared_scorer`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from caprl.errors import CaprlError
 from caprl.evaluation import degenerate
 from caprl.evaluation.diversity import TABLE4_PRECISION, official_cider_d, set_scores
 from caprl.evaluation.report import score_and_record
-from caprl.metrics.official import OfficialScorer
+from caprl.metrics.official import ptb_tokenize, shared_scorer
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
 from caprl.objectives.value import ValueNetwork, value_from_checkpoint
@@ -69,27 +74,38 @@ def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int
     return {i: " ".join(caps[0]) for i, caps in sets.items()}
 
 
-def diversity_sets(model: CaptionModel, data: CaptionData, image_ids: list[int],
-                   params: dict[str, Any]) -> dict[str, dict[int, list[list[str]]]]:
+def diversity_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], params: dict[str, Any],
+                   bs: dict[int, list[list[str]]] | None = None) -> dict[str, dict[int, list[list[str]]]]:
     """Paper 002's two caption sets per image: ``samples`` random samples (rs, seeded from
-    ``seed``, so reruns agree) and the top ``beams`` beams (bs), on the model's device."""
+    ``seed``, so reruns agree) and the top ``beams`` beams (bs; ``bs`` when the evaluation's own
+    beam search gave them already), on the model's device."""
     settings = params["evaluate"]["diversity"]
     batch_size, max_length = params["evaluate"]["batch_size"], params["decode"]["max_length"]
     torch.manual_seed(params["seed"])
-    return {"rs": decoded_sets(model, data, image_ids, "sample", batch_size, n=settings["samples"],
-                               max_length=max_length),
-            "bs": decoded_sets(model, data, image_ids, "top_k_beams", batch_size, beam_size=settings["beams"],
-                               n=settings["beams"], max_length=max_length)}
+    rs = decoded_sets(model, data, image_ids, "sample", batch_size, n=settings["samples"], max_length=max_length)
+    if bs is None:
+        bs = decoded_sets(model, data, image_ids, "top_k_beams", batch_size, beam_size=settings["beams"],
+                          n=settings["beams"], max_length=max_length)
+    return {"rs": rs, "bs": bs}
+
+
+def shares_the_beams(params: dict[str, Any], decode: dict[str, Any]) -> bool:
+    """Whether the diversity's bs set is the evaluation's own beam search (same width and length):
+    its best beam is then the evaluated caption, and one search gives both."""
+    settings = params["evaluate"]["diversity"]
+    return (decode["method"] == "beam" and decode["beam_size"] == settings["beams"]
+            and decode["max_length"] == params["decode"]["max_length"])
 
 
 def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
-                     references: dict[int, list[str]], params: dict[str, Any]) -> dict[str, Any]:
-    """Paper 002's Table 4 for one model: both caption sets of every image, their scores
-    (:func:`caprl.evaluation.diversity.set_scores`; CIDEr-D reduced per decoding as the paper
-    reports it, :data:`~caprl.evaluation.diversity.TABLE4_PRECISION`, recorded in the
-    settings as ``precision``) and a few examples."""
+                     references: dict[int, list[str]], params: dict[str, Any],
+                     sets: dict[str, dict[int, list[list[str]]]] | None = None) -> dict[str, Any]:
+    """Paper 002's Table 4 for one model: both caption sets of every image (``sets`` if decoded
+    already), their scores (:func:`caprl.evaluation.diversity.set_scores`; CIDEr-D reduced per
+    decoding as the paper reports it, :data:`~caprl.evaluation.diversity.TABLE4_PRECISION`,
+    recorded in the settings as ``precision``) and a few examples."""
     settings = params["evaluate"]["diversity"]
-    sets = diversity_sets(model, data, image_ids, params)
+    sets = sets if sets is not None else diversity_sets(model, data, image_ids, params)
     report: dict[str, Any] = {"settings": {**settings, "seed": params["seed"], "precision": dict(TABLE4_PRECISION)}}
     report.update({name: set_scores(captions, references, TABLE4_PRECISION[name]) for name, captions in sets.items()})
     report["examples"] = [{"image_id": i, "references": references[i],
@@ -123,22 +139,46 @@ def main(args: argparse.Namespace) -> None:
                                                      run_checks.decode_key(params, args.run)))
     value = value_from_checkpoint(ckpt, where=args.checkpoint)
     value = value.to(default_device()).eval() if value is not None else None
-    captions = decoded_captions(model, data, ids, decode["method"], params["evaluate"]["batch_size"],
-                                beam_size=decode["beam_size"], max_length=decode["max_length"],
-                                **decoder_settings(params, args.run, decode["method"], value))
+    batch_size = params["evaluate"]["batch_size"]
+    diverse = ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]
+    # Every caption set the job scores, decoded first: the bs diversity set is the evaluation's own
+    # beam search when the widths match (one search); then one tokenizer call for all of them.
+    beams = None
+    if diverse and shares_the_beams(params, decode):
+        beams = decoded_sets(model, data, ids, "top_k_beams", batch_size, beam_size=decode["beam_size"],
+                             n=decode["beam_size"], max_length=decode["max_length"])
+        captions = {i: " ".join(caps[0]) for i, caps in beams.items()}
+    else:
+        captions = decoded_captions(model, data, ids, decode["method"], batch_size, beam_size=decode["beam_size"],
+                                    max_length=decode["max_length"],
+                                    **decoder_settings(params, args.run, decode["method"], value))
+    sets = diversity_sets(model, data, ids, params, bs=beams) if diverse else None
+    greedy = None
+    if params["evaluate"].get("greedy"):
+        greedy = captions if decode["method"] == "greedy" else decoded_captions(
+            model, data, ids, "greedy", batch_size, max_length=params["decode"]["max_length"])
+    ahead = None
+    if value is not None and params["evaluate"].get("lookahead"):
+        settings = params["evaluate"]["lookahead"]
+        ahead = captions if decode["method"] == "lookahead" else decoded_captions(
+            model, data, ids, "lookahead", batch_size, beam_size=decode["beam_size"],
+            max_length=decode["max_length"], value=value, lam=float(settings["lam"]),
+            candidates=int(settings["candidates"]))
+    ptb_tokenize({"references": [r for i in ids for r in references[i]],
+                  "captions": [c for decoded in (captions, greedy, ahead) if decoded for c in decoded.values()],
+                  "sets": [" ".join(c) for group in (sets or {}).values() for caps in group.values() for c in caps]})
+
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "best_epoch": (ckpt.position or {}).get("best_epoch"),
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version,
                             "made_from": ckpt.made_from}  # what its model learnt from (caprl.provenance)
     extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
-    if ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]:
-        extra["diversity"] = diversity_report(model, data, ids, references, params)
-    if params["evaluate"].get("greedy"):
-        same = captions if decode["method"] == "greedy" else None
-        extra["greedy"] = greedy_report(model, data, ids, references, params, same)
-    if value is not None and params["evaluate"].get("lookahead"):
-        same = captions if decode["method"] == "lookahead" else None
-        extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, same)
+    if sets is not None:
+        extra["diversity"] = diversity_report(model, data, ids, references, params, sets)
+    if greedy is not None:
+        extra["greedy"] = greedy_report(model, data, ids, references, params, greedy)
+    if ahead is not None:
+        extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, ahead)
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples, extra=extra, train_run_id=ckpt.mlflow_run_id)
 
@@ -186,11 +226,8 @@ def official_scores(params: dict[str, Any], captions: dict[int, str],
                     references: dict[int, list[str]]) -> dict[str, Any]:
     """``{"corpus": {metric: value}, "unavailable": {metric: reason}}``: the official metrics of
     ``evaluate.metrics`` (as :func:`caprl.evaluation.report.score_and_record`), no file written."""
-    scorer = OfficialScorer(corenlp_dir=params["spice"]["corenlp_dir"])
-    try:
-        return scorer.score(references, dict(captions), metrics=list(params["evaluate"]["metrics"]), per_image=False)
-    finally:
-        scorer.close()
+    scorer = shared_scorer(params["spice"]["corenlp_dir"])  # the job's one METEOR JVM
+    return scorer.score(references, dict(captions), metrics=list(params["evaluate"]["metrics"]), per_image=False)
 
 
 def lookahead_report(model: CaptionModel, value: ValueNetwork, data: Any, image_ids: list[int],

@@ -107,22 +107,34 @@ def spice_unavailable_reason(corenlp_dir: str | Path | None = None) -> str | Non
     return None
 
 
-def ptb_tokenize(captions: Mapping[Hashable, Sequence[str]]) -> dict[Hashable, list[str]]:
-    """PTB-tokenise (lower-case, punctuation removed) with pycocoevalcap's PTBTokenizer: one JVM call."""
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+#: sentence -> its PTB tokens, for this process: each sentence goes to the tokenizer's JVM once, so a
+#: job that scores several caption sets against one split (beam, greedy, diversity, lookahead)
+#: tokenises the references once. Exact: the tokenizer reads one sentence per line
+#: (``-preserveLines``) and drops punctuation per token, so a sentence's tokens do not depend on
+#: the other sentences of the call.
+_PTB_TOKENS: dict[str, str] = {}
 
-    require_java()
-    wrapped = {key: [{"caption": str(c)} for c in caps] for key, caps in captions.items() if len(caps)}
-    if not wrapped:
-        return {key: [] for key in captions}
-    try:
-        tokenized = PTBTokenizer().tokenize(wrapped)
-    except OSError as exc:
-        error = _tokenizer_write_error(exc)
-        if error is None:
-            raise
-        raise error from exc
-    return {key: tokenized.get(key, []) for key in captions}
+
+def ptb_tokenize(captions: Mapping[Hashable, Sequence[str]]) -> dict[Hashable, list[str]]:
+    """PTB-tokenise (lower-case, punctuation removed) with pycocoevalcap's PTBTokenizer: one JVM
+    call for the sentences this process has not tokenised before, none when it has them all."""
+    new = list(dict.fromkeys(str(c) for caps in captions.values() for c in caps if str(c) not in _PTB_TOKENS))
+    if new:
+        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+        require_java()
+        try:
+            tokenized = PTBTokenizer().tokenize({k: [{"caption": sentence}] for k, sentence in enumerate(new)})
+        except OSError as exc:
+            error = _tokenizer_write_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+        _PTB_TOKENS.update((sentence, tokenized[k][0]) for k, sentence in enumerate(new) if k in tokenized)
+        lost = [sentence for sentence in new if sentence not in _PTB_TOKENS]
+        if lost:  # the tokenizer returned fewer lines than it was given
+            raise CaprlError(f"the PTB tokenizer returned no tokens for {len(lost)} sentence(s), e.g. {lost[0]!r}")
+    return {key: [_PTB_TOKENS[str(c)] for c in caps] for key, caps in captions.items()}
 
 
 def _tokenizer_write_error(exc: OSError) -> WriteError | None:
@@ -337,6 +349,18 @@ def run_spice(
         if own and server is not None:
             server.close()
     return float(np.mean(scores)), [float(s) for s in scores]
+
+
+_shared: dict[str, OfficialScorer] = {}
+
+
+def shared_scorer(corenlp_dir: str | Path | None = None) -> OfficialScorer:
+    """This process's scorer for ``corenlp_dir``: one METEOR (and SPICE) JVM per job, however many
+    caption sets the job scores; closed at exit like every scorer."""
+    key = str(corenlp_dir)
+    if key not in _shared:
+        _shared[key] = OfficialScorer(corenlp_dir=corenlp_dir)
+    return _shared[key]
 
 
 def _preview(ids: Sequence[Any], limit: int = 5) -> str:
