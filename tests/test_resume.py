@@ -466,6 +466,8 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_p
     """
     from caprl import checkpoint
 
+    # at least 12 kills, and on until 4 of them landed during a write (at most 60: a loaded machine
+    # lets the writer finish its save before the freeze more often)
     path, kills, mid_write = tmp_path / "state" / "last.pt", 12, 0
     rng = random.Random(SEED)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -474,7 +476,8 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_p
     assert server.stdin is not None and server.stdout is not None
     try:
         previous = None
-        for attempt in range(kills):
+        attempt = -1
+        while (attempt := attempt + 1) < kills or (mid_write < kills // 3 and attempt < 5 * kills):
             base = (attempt + 1) * 1_000_000
             server.stdin.write(f"{base}\n")
             server.stdin.flush()
@@ -504,7 +507,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_p
             server.wait(timeout=30)
         finally:
             stop(server)  # type: ignore[arg-type]
-    assert mid_write >= kills // 3, f"only {mid_write} of {kills} kills landed during a write"
+    assert mid_write >= kills // 3, f"only {mid_write} of {attempt} kills landed during a write"
 
 
 @pytest.mark.timeout(120)
