@@ -51,10 +51,10 @@ TINY_VIDEO: dict[str, Any] = {  # the built-in video set, tiny, with an attentio
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+    """``override`` laid over a copy of ``base`` as a recipe is over params.yaml (caprl.params.merge)."""
+    from caprl.params import merge as lay
+
+    return lay(copy.deepcopy(base), override)
 
 
 def default_params() -> dict[str, Any]:

@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from caprl import io, params as params_mod
+from caprl.data import grammar, synthetic_video
 from caprl.errors import CaprlError
 from caprl.workflow_plan import ANNOTATIONS, CPU_BACKBONES, VOCAB, Dataset, Plan, TrainJob, build_plan
 
@@ -112,7 +113,7 @@ def dataset_sizes(params: dict[str, Any], ds: Dataset, costs: dict[str, Any]) ->
                      str(ann))
     if ds.generate:
         syn = params_mod.dataset_spec(params, ds.name)["synthetic"]
-        captions = 3 if ds.format == "tgif" else 5  # synthetic_video.N_SENTENCES, grammar.N_REFERENCES
+        captions = synthetic_video.N_SENTENCES if ds.format == "tgif" else grammar.N_REFERENCES
         return Sizes(syn["n_train"], syn["n_val"], syn["n_test"], captions, vocab or 100, "params synthetic:")
     known = costs["datasets"].get(ds.name) or costs["datasets"].get(costs["raw_names"].get(os.path.basename(ds.raw), ""))
     if known is None:
@@ -399,14 +400,13 @@ def _text_table(head: list[str], body: list[list[str]]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipes", nargs="*", default=[], help="files laid over --params (e.g. a recipe)")
     parser.add_argument("--device", choices=DEVICES, default="h100", help="whose measured step costs (default: h100)")
     parser.add_argument("--format", choices=("table", "md", "json"), default="table")
     parser.add_argument("--out", type=Path, default=None, help="also write the output to this file (atomically)")
 
 
 def main(args: argparse.Namespace) -> None:
-    files = [str(f) for f in [*args.params, *args.recipes]]
+    files = [str(f) for f in args.params]
     costs = load_costs()
     text = render(estimate(params_mod.load(files), args.device, costs), args.format, args.device, files, costs)
     print(text, end="")

@@ -159,11 +159,9 @@ def main(args: argparse.Namespace) -> None:
             model, data, ids, "greedy", batch_size, max_length=params["decode"]["max_length"])
     ahead = None
     if value is not None and params["evaluate"].get("lookahead"):
-        settings = params["evaluate"]["lookahead"]
         ahead = captions if decode["method"] == "lookahead" else decoded_captions(
             model, data, ids, "lookahead", batch_size, beam_size=decode["beam_size"],
-            max_length=decode["max_length"], value=value, lam=float(settings["lam"]),
-            candidates=int(settings["candidates"]))
+            max_length=decode["max_length"], **decoder_settings(params, args.run, "lookahead", value))
     ptb_tokenize({"references": [r for i in ids for r in references[i]],
                   "captions": [c for decoded in (captions, greedy, ahead) if decoded for c in decoded.values()],
                   "sets": [" ".join(c) for group in (sets or {}).values() for caps in group.values() for c in caps]})
