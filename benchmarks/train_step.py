@@ -23,6 +23,7 @@ files of several sizes, to show that the RSS does not grow with the dataset.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -65,7 +66,7 @@ def coco_images(path: Path) -> list[tuple[int, list[str]]]:
 def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captions: Path = CAPTIONS) -> dict[str, str]:
     """Annotations, vocabulary, labels and features files for ``n_images`` images (default: the
     5k val images); more images than that reuse the captions cyclically under new ids."""
-    from caprl import io
+    from caprl import io, provenance
     from caprl.data.karpathy import prepare_annotations
     from caprl.data.vocab import build_vocab, encode_labels, write_labels
     from caprl.features.store import open_writer
@@ -87,12 +88,12 @@ def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captio
     annotations = prepare_annotations({"images": images}, "bench")
     io.write_json(paths["annotations"], annotations, indent=None)
     vocab = build_vocab(annotations, MIN_COUNT, MAX_LENGTH)
-    write_labels(paths["labels"], encode_labels(annotations, vocab), vocab)
+    write_labels(paths["labels"], encode_labels(annotations, vocab), vocab, provenance.record(annotations))
     io.write_json(paths["vocab"], vocab.to_json(), indent=None)
     df = compute_document_frequencies(references_from_annotations(annotations, "train"))
     save_document_frequencies(df, paths["cider_df"])
     rng = np.random.default_rng(seed)
-    attrs = {"backbone": "random", "grid": 6, "dim": DIM, "n_regions": REGIONS}
+    attrs = {"backbone": "random", "grid": 6, "dim": DIM, "n_regions": REGIONS, **provenance.record(annotations)}
     with open_writer(paths["features"], n, DIM, REGIONS, attrs) as writer:
         for start in range(0, n, 256):
             ids = np.arange(start + 1, min(n, start + 256) + 1)
@@ -103,7 +104,19 @@ def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captio
 
 # --- one configuration, in its own process ------------------------------------------------
 def run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmup: int, device: str,
-               amp: str, in_memory: bool, threads: int) -> dict[str, Any]:
+               amp: str, in_memory: bool, threads: int, profile: str | None = None,
+               plain_autograd: bool = False) -> dict[str, Any]:
+    """One configuration's timed steps; ``plain_autograd``: every layer as plain autograd (no
+    weight-gradient tapes, :mod:`caprl.models.timeshared`), to measure what the tapes gain."""
+    from caprl.models import timeshared
+
+    with timeshared.disabled() if plain_autograd else contextlib.nullcontext():
+        out = _run_config(paths, config, batch, steps, warmup, device, amp, in_memory, threads, profile)
+    return {**out, "plain_autograd": plain_autograd}
+
+
+def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmup: int, device: str,
+                amp: str, in_memory: bool, threads: int, profile: str | None) -> dict[str, Any]:
     import torch
 
     from caprl.data.loader import CaptionData, DataPaths, Loading
@@ -146,6 +159,8 @@ def run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmu
                 times.append(time.perf_counter() - done)
                 waits.append(waited)
             done = time.perf_counter()
+        if profile:
+            profile_steps(trainer, batches[:2], device, Path(profile))
     ms = [1000 * t for t in times]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"config": config, "batch": batch, "median_ms": round(statistics.median(ms), 1), "min_ms": round(min(ms), 1),
@@ -155,6 +170,24 @@ def run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmu
     if device.startswith("cuda"):
         out["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out
+
+
+def profile_steps(trainer: Any, batches: list[Any], device: str, out: Path) -> None:
+    """Two more steps under torch.profiler: the operators' table and the kernel launches per step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        for ids, loaded in trainer.batches(batches):
+            trainer.step(ids, loaded)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    out.write_text(f"kernel launches per step: {launches / len(batches):.0f}\n\n"
+                   + events.table(sort_by=sort, row_limit=40), encoding="utf-8")
 
 
 def in_process(args: argparse.Namespace, paths: dict[str, str], config: str, batch: int,
@@ -190,13 +223,15 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="where the data is built (kept; default: temp)")
     parser.add_argument("--json", type=Path, default=None, help="write the step-time rows as JSON")
     parser.add_argument("--captions", type=Path, default=CAPTIONS, help="COCO-format captions (default: %(default)s)")
+    parser.add_argument("--profile", help="worker only: profile two more steps into this file")
+    parser.add_argument("--plain-autograd", action="store_true", help="worker only: no weight-gradient tapes")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     parser.add_argument("--in-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         result = run_config(json.loads(args.paths), args.worker[0], int(args.worker[1]), args.steps, args.warmup,
-                            args.device, args.amp, args.in_memory, args.threads)
+                            args.device, args.amp, args.in_memory, args.threads, args.profile, args.plain_autograd)
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -168,3 +168,43 @@ def test_training_from_disk_equals_training_in_memory(tiny_dataset: Any, tmp_pat
     (memory_state, memory_history), (disk_state, disk_history) = results
     assert memory_history == disk_history
     assert all(torch.equal(memory_state[k], disk_state[k]) for k in memory_state)
+
+
+@pytest.mark.parametrize("in_memory,cache_rows", [(True, 0), (False, 0), (False, 1000)])
+def test_pooled_only_reads_equal_the_pooled_rows_and_skip_the_regions(features_file: Any, in_memory: bool,
+                                                                      cache_rows: int) -> None:
+    path, ids, pooled, _ = features_file
+    feats = Features(path, in_memory=in_memory, cache_bytes=cache_rows * 4 * 6 * 5)
+    batch = [int(ids[7]), int(ids[2]), int(ids[7]), int(ids[40])]
+    full = feats.get(batch)  # fills the cache when there is one
+    alone, none = feats.get(batch + [int(ids[50])], regions=False)  # cache hits and a miss
+    assert torch.equal(alone[:4], full[0]) and tuple(none.shape) == (5, 0, 6)
+    assert np.array_equal(alone[4].numpy(), pooled[50])
+    if not in_memory:  # the regions dataset is never opened: a file without one still serves the pooled rows
+        feats.close()
+        feats._h5 = None
+        stripped = path.with_name("pooled_only.h5")
+        with h5py.File(path, "r") as src, h5py.File(stripped, "w") as dst:
+            for key in src:
+                if key != "regions":
+                    src.copy(key, dst)
+        feats.path = stripped
+        assert torch.equal(feats.get(batch[:2] + [int(ids[51])], regions=False)[0][2], torch.from_numpy(pooled[51]))
+    feats.close()
+
+
+@pytest.mark.parametrize("arch,regions", [("fc", 0), ("lstm3", 0), ("topdown", 3)])
+def test_the_trainer_reads_regions_only_for_models_that_use_them(tmp_path: Path, arch: str, regions: int) -> None:
+    """Show-Tell and LSTM3 read the pooled vector alone: their batches carry no regions (R times
+    fewer bytes from disk to the device); attention models get them."""
+    from caprl.models import build_model
+    from caprl.objectives import ObjectiveEnv, build_objective
+    from toy import CONSTANT_LR, FEAT, WORDS, decode, toy_trainer
+
+    sizes = {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}
+    model = build_model(arch, {**sizes, "att_hidden_size": 8} if arch == "topdown" else sizes, len(WORDS), FEAT, 3)
+    env = ObjectiveEnv(decode_words=decode, reward=lambda name: None, max_length=6)
+    trainer = toy_trainer(build_objective("xe", {"lr": 1e-2, "epochs": 1, **CONSTANT_LR}, env, model), model, tmp_path)
+    for ids, (batch, _) in trainer.batches([[0, 1, 2], [3, 4]]):
+        assert tuple(batch.regions.shape) == (len(ids), regions, FEAT)
+        trainer.step(ids, (batch, 0))

@@ -50,18 +50,18 @@ class ToyData:
     def split_ids(self, split: str) -> list[int]:
         return list(range(16)) if split == "train" else list(range(100, 108))
 
-    def features_of(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled, regions = [], []
+    def features_of(self, ids: list[int], regions: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, regions_ = [], []
         for i in ids:
             gen = torch.Generator().manual_seed(i)
             pooled.append(F.one_hot(torch.tensor(i % 4), FEAT).float() + 0.1 * torch.randn(FEAT, generator=gen))
-            regions.append(torch.randn(3, FEAT, generator=gen))
-        return torch.stack(pooled), torch.stack(regions)
+            regions_.append(torch.randn(3, FEAT, generator=gen))
+        return torch.stack(pooled), torch.stack(regions_)[:, : 3 if regions else 0]
 
-    def batch(self, ids: list[int]) -> Batch:
-        pooled, regions = self.features_of(ids)
+    def batch(self, ids: list[int], regions: bool = True) -> Batch:
+        pooled, regions_ = self.features_of(ids, regions)
         labels = torch.tensor([CAPTIONS[i % 4] for i in ids for _ in range(2)])
-        return Batch(list(ids), pooled, regions, labels, torch.arange(len(ids)).repeat_interleave(2))
+        return Batch(list(ids), pooled, regions_, labels, torch.arange(len(ids)).repeat_interleave(2))
 
     def decode(self, tokens: torch.Tensor) -> list[list[str]]:
         return decode(tokens)

@@ -323,7 +323,7 @@ def beam_search(
 
 def decode_split(
     model: CaptionModel,
-    features_of: Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]],
+    features_of: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     image_ids: Sequence[int],
     decode: Callable[[CaptionModel, Batch], Any],
     batch_size: int,
@@ -336,12 +336,14 @@ def decode_split(
     ``pass_pooled`` it is called ``decode(model, ctx, pooled=...)`` with the batch's pooled
     features on the device (decoders that read more than the model, e.g. lookahead's value
     network; the others take ``**_``). The next batch's features are read by a background
-    thread while this one decodes.
+    thread while this one decodes; for a model that reads no regions, without them
+    (``features_of(ids, regions=False)``).
     """
     model.eval()
     device = next(model.parameters()).device
     chunks = [list(image_ids[i : i + batch_size]) for i in range(0, len(image_ids), batch_size)]
-    with torch.no_grad(), Prefetcher(features_of, chunks, depth=1) as loaded:
+    read = features_of if model.reads_regions else (lambda ids: features_of(ids, regions=False))
+    with torch.no_grad(), Prefetcher(read, chunks, depth=1) as loaded:
         for ids, (pooled, regions) in tqdm(loaded, total=len(chunks), desc=desc, leave=False, mininterval=2.0,
                                            disable=None):
             pooled = pooled.to(device)

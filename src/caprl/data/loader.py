@@ -103,11 +103,12 @@ class CaptionData:
         """Tokenised references (unclipped, no UNK) for rewards."""
         return references_from_annotations(self.annotations, split)
 
-    def features_of(self, image_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.features.get(image_ids)
+    def features_of(self, image_ids: list[int], regions: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pooled, regions)``; ``regions=False``: an empty ``[B, 0, D]`` instead, not read."""
+        return self.features.get(image_ids, regions=regions)
 
-    def batch(self, image_ids: list[int]) -> Batch:
-        pooled, regions = self.features_of(image_ids)
+    def batch(self, image_ids: list[int], regions: bool = True) -> Batch:
+        pooled, regions_ = self.features_of(image_ids, regions)
         rows, owner = [], []
         for k, image_id in enumerate(image_ids):
             caps = self.labels.captions(image_id)
@@ -116,7 +117,7 @@ class CaptionData:
         return Batch(
             image_ids=list(image_ids),
             pooled=pooled,
-            regions=regions,
+            regions=regions_,
             labels=torch.cat(rows, dim=0),
             label_image=torch.as_tensor(owner, dtype=torch.long),
         )

@@ -132,7 +132,7 @@ def load_listener(path: str | Path, params: dict[str, Any], vocab_size: int, fea
 
 def pooled_features(data: CaptionData, image_ids: list[int], batch_size: int) -> torch.Tensor:
     """``[B, D]`` pooled features of the images, read in batches (the regions are dropped)."""
-    return torch.cat([data.features_of(image_ids[k:k + batch_size])[0].float()
+    return torch.cat([data.features_of(image_ids[k:k + batch_size], regions=False)[0].float()
                       for k in range(0, len(image_ids), batch_size)])
 
 
@@ -146,7 +146,7 @@ def gold_captions(data: CaptionData, image_ids: list[int],
     captions: dict[int, list[int]] = {}
     pooled = []
     for k in range(0, len(image_ids), batch_size):
-        batch = data.batch(image_ids[k:k + batch_size])
+        batch = data.batch(image_ids[k:k + batch_size], regions=False)
         tokens = first_captions(batch)
         for image_id, row, length in zip(batch.image_ids, tokens, caption_lengths(tokens)):
             captions[int(image_id)] = row[: int(length)].tolist()

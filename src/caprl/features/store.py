@@ -211,12 +211,19 @@ class Features:
                 "other annotations: re-run caprl features and caprl merge-features"
             ) from None
 
-    def get(self, image_ids: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(pooled [B, D], regions [B, R, D])`` float32 tensors, in the order of ``image_ids``."""
+    def get(self, image_ids: Sequence[int] | np.ndarray, regions: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pooled [B, D], regions [B, R, D])`` float32 tensors, in the order of ``image_ids``.
+
+        ``regions=False``: the regions are not read (``[B, 0, D]``): for models that read only
+        the pooled vector (Show-Tell, LSTM3), whose batches would otherwise carry R times more
+        bytes than they use from disk to the device.
+        """
         rows = self.rows(image_ids)
+        if not regions:
+            return self._pooled_only(rows), torch.empty((len(rows), 0, self.dim), dtype=torch.float32)
         if self._pooled is not None and self._regions is not None:
-            pooled, regions = self._pooled[rows], self._regions[rows]
-            return torch.from_numpy(np.ascontiguousarray(pooled)), torch.from_numpy(np.ascontiguousarray(regions))
+            pooled, regions_ = self._pooled[rows], self._regions[rows]
+            return torch.from_numpy(np.ascontiguousarray(pooled)), torch.from_numpy(np.ascontiguousarray(regions_))
         pooled = np.empty((len(rows), self.dim), np.float32)
         regions = np.empty((len(rows), self.n_regions, self.dim), np.float32)
         with self._lock:
@@ -236,6 +243,21 @@ class Features:
             for k, row in enumerate(rows):
                 pooled[k], regions[k] = found[int(row)]
         return torch.from_numpy(pooled), torch.from_numpy(regions)
+
+    def _pooled_only(self, rows: np.ndarray) -> torch.Tensor:
+        if self._pooled is not None:
+            return torch.from_numpy(np.ascontiguousarray(self._pooled[rows]))
+        pooled = np.empty((len(rows), self.dim), np.float32)
+        with self._lock:
+            pooled_ds = None
+            for k, row in enumerate(rows):
+                hit = self._cache.get(int(row))
+                if hit is not None:
+                    pooled[k] = hit[0]
+                    continue
+                pooled_ds = pooled_ds if pooled_ds is not None else self._file()["pooled"]
+                pooled[k] = pooled_ds[int(row)]
+        return torch.from_numpy(pooled)
 
     def _file(self) -> h5py.File:
         if self._h5 is None:

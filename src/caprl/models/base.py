@@ -91,6 +91,8 @@ class CaptionModel(nn.Module):
 
     n_stages: int = 1
     config_class: type[ModelConfig] = ModelConfig
+    #: False for models whose ``encode`` reads only the pooled vector: their batches skip the regions
+    reads_regions: bool = True
 
     def __init__(self, config: ModelConfig, vocab_size: int, feat_dim: int, n_regions: int) -> None:
         super().__init__()

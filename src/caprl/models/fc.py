@@ -11,6 +11,8 @@ from caprl.models.base import Batch, CaptionModel, StepCore, register_model
 
 @register_model("fc")
 class ShowTell(CaptionModel):
+    reads_regions = False  # encode reads the pooled vector alone
+
     def __init__(self, config, vocab_size: int, feat_dim: int, n_regions: int) -> None:
         super().__init__(config, vocab_size, feat_dim, n_regions)
         c = config

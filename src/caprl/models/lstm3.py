@@ -19,6 +19,8 @@ N_LAYERS = 3
 
 @register_model("lstm3")
 class LSTM3(CaptionModel):
+    reads_regions = False  # encode reads the pooled vector alone
+
     def __init__(self, config: ModelConfig, vocab_size: int, feat_dim: int, n_regions: int) -> None:
         super().__init__(config, vocab_size, feat_dim, n_regions)
         c = config

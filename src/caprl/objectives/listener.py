@@ -99,7 +99,7 @@ def gold_recall(listener: Listener, data: Any, split: str = "val") -> dict[str, 
     def compute() -> dict[str, float]:
         texts, images = [], []
         for start in range(0, len(ids), VAL_BATCH):
-            batch = data.batch(ids[start : start + VAL_BATCH])
+            batch = data.batch(ids[start : start + VAL_BATCH], regions=False)
             texts.append(listener.embed_captions(first_captions(batch).to(device)))
             images.append(listener.embed_images(batch.pooled.to(device)))
         return recall(torch.cat(texts), torch.cat(images))
@@ -115,10 +115,10 @@ def greedy_recall(listener: Listener, model: CaptionModel, data: Any, max_length
     ids = data.split_ids(split)
     pooled_of: dict[int, torch.Tensor] = {}
 
-    def features_of(chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled, regions = data.features_of(chunk)
+    def features_of(chunk: list[int], regions: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled, regions_ = data.features_of(chunk, regions)
         pooled_of[chunk[0]] = pooled  # read by a background thread; one entry per chunk
-        return pooled, regions
+        return pooled, regions_
 
     def decode(m: CaptionModel, ctx: Any) -> torch.Tensor:
         tokens = decoding.greedy_decoder(m, ctx, max_length)[:, 0]  # [B, T]

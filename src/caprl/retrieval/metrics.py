@@ -15,10 +15,11 @@ def ranks_of(sim: torch.Tensor | np.ndarray, target: torch.Tensor | np.ndarray |
     its column, default the diagonal). Ties count against the caption: rank = 1 + the number
     of images scoring at least as high, other than its own."""
     s = torch.as_tensor(sim, dtype=torch.float64)
-    t = torch.arange(s.shape[0]) if target is None else torch.as_tensor(target, dtype=torch.long)
+    t = torch.arange(s.shape[0], device=s.device) if target is None else \
+        torch.as_tensor(target, dtype=torch.long, device=s.device)
     own = s.gather(1, t.view(-1, 1))
     beaten = (s >= own).sum(dim=1) - 1  # the own image always ties with itself
-    return (beaten + 1).numpy()
+    return (beaten + 1).cpu().numpy()
 
 
 def recall_report(ranks: np.ndarray, ks: tuple[int, ...] = RECALL_KS) -> dict[str, Any]:

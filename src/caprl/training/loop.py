@@ -285,7 +285,7 @@ class Trainer:
 
     def _load(self, image_ids: list[int]) -> tuple[Batch, int]:
         local, offset = self.dist.shard(image_ids)  # each process reads only its block of images
-        batch = self.data.batch(local)
+        batch = self.data.batch(local, regions=self.model.reads_regions)
         if self.dist.device.type == "cuda":
             return batch.pin().to(self.dist.device, non_blocking=True), offset
         return batch, offset

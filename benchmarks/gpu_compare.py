@@ -1,0 +1,173 @@
+"""caprl's training step against self-critical.pytorch's (SCP), side by side on one GPU.
+
+Runs ``benchmarks/train_step.py`` (caprl) and SCP's own step timer (``scp_step.py`` from the
+peers folder, which runs SCP's code; nothing of SCP is imported here) in turn, each
+configuration in a fresh process, interleaved (caprl, SCP, caprl, SCP, ... per configuration
+and round), on the same data, sizes and batches, and prints one table: images/s of both and
+the ratio caprl / SCP. SCP has no SLE objective: its rows show caprl alone.
+
+Set-up of the SCP side (once per machine) is described in ``scp_step.py``'s docstring; this
+script does it when ``--setup`` is given (extract SCP, write its data, its n-gram cache).
+
+Usage (on the GPU machine):
+  python benchmarks/gpu_compare.py --peers PEERS/self-critical.pytorch --captions CAPTIONS.json \
+      --work /tmp/cmp --setup --batches 50 250 --rounds 1 --json out.json --markdown out.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = ("xe-topdown", "scst-topdown", "xe-fc", "scst-fc", "sll_sle-topdown", "sll_sle-fc")
+SCP_CONFIGS = {"xe-topdown", "scst-topdown", "xe-fc", "scst-fc"}
+
+
+def sh(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 900) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def setup_scp(peers: Path, work: Path, captions: Path, feat_images: int) -> tuple[Path, Path, dict[str, str]]:
+    """Extract SCP, write its data and its CIDEr-D n-gram cache (scp_step.py's set-up)."""
+    scp, data = work / "scp", work / "scp-data"
+    env = {**os.environ, "PYTHONPATH": f"{scp}:{peers / 'shims'}:{os.environ.get('PYTHONPATH', '')}"}
+    if not (scp / "captioning").exists():
+        scp.mkdir(parents=True, exist_ok=True)
+        sh(["tar", "-xzf", str(peers / "scp_py.tgz"), "-C", str(scp)])
+    if not (data / "scp" / "df-train-idxs.p").exists():
+        sh([sys.executable, str(peers / "make_scp_data.py"), str(data), "--captions", str(captions),
+            "--feat-images", str(feat_images)])
+        sh([sys.executable, "scripts/prepro_ngrams.py", "--input_json", f"{data}/scp/karpathy.json",
+            "--dict_json", f"{data}/scp/data.json", "--output_pkl", f"{data}/scp/df-train", "--split", "train"],
+           env=env, cwd=scp)
+    return scp, data, env
+
+
+def run_caprl(paths: dict[str, str], config: str, batch: int, args: argparse.Namespace,
+              plain: bool = False) -> dict[str, Any]:
+    cmd = [sys.executable, str(REPO / "benchmarks/train_step.py"), "--worker", config, str(batch),
+           "--paths", json.dumps(paths), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--device", args.device, "--amp", "none", "--threads", str(args.threads)] + (["--plain-autograd"] if plain else [])
+    out = sh(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_scp(peers: Path, scp: Path, data: Path, env: dict[str, str], config: str, batch: int,
+            args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, str(peers / "scp_step.py"), config, "--batch", str(batch), "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--device", args.device, "--threads", str(args.threads),
+           "--data", str(data), "--scp", str(scp)]
+    out = sh(cmd, env=env)
+    line = [x for x in out.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def markdown(rows: list[dict[str, Any]], device: str, note: str) -> str:
+    plain = any("plain_ms" in r for r in rows)
+    lines = [f"{note}", "", "| config | batch | caprl ms | caprl images/s | SCP ms | SCP images/s | caprl / SCP |"
+             " caprl peak GPU MiB | SCP peak GPU MiB |" + (" caprl plain autograd ms |" if plain else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if plain else "")]
+    for r in rows:
+        scp = r.get("scp_ms")
+        lines.append(f"| {r['config']} | {r['batch']} | {r['caprl_ms']:.1f} | {r['caprl_ips']:.0f} | "
+                     + (f"{scp:.1f} | {r['scp_ips']:.0f} | {r['ratio']:.2f}x" if scp else "— | — | —")
+                     + f" | {r.get('caprl_gpu_mib', '—')} | {r.get('scp_gpu_mib', '—')} |"
+                     + (f" {r['plain_ms']:.1f} |" if "plain_ms" in r else (" — |" if plain else "")))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peers", type=Path, required=True, help="the peers folder's self-critical.pytorch/")
+    p.add_argument("--captions", type=Path, required=True, help="karpathy_val5k_captions.json")
+    p.add_argument("--work", type=Path, required=True, help="where both sides' data is built (kept)")
+    p.add_argument("--setup", action="store_true", help="extract SCP and build its data first")
+    p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=CONFIGS, help="none: set up only")
+    p.add_argument("--batches", nargs="+", type=int, default=[50, 250])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1, help="interleaved repetitions (medians of the rounds)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--plain-autograd", action="store_true",
+                   help="also time caprl with plain autograd (no weight-gradient tapes)")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--markdown", type=Path)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from train_step import build_data  # caprl's side of the same data
+
+    feat_images = max(args.batches) * (args.steps + args.warmup)
+    if feat_images > 4500:
+        raise SystemExit(f"batch {max(args.batches)} x {args.steps + args.warmup} steps needs {feat_images} "
+                         "distinct train images; SCP's data has 4,500: use fewer steps")
+    t0 = time.time()
+    paths = build_data(args.work / "caprl", captions=args.captions)
+    scp, data, env = setup_scp(args.peers, args.work, args.captions, feat_images) if args.setup else \
+        (args.work / "scp", args.work / "scp-data", {**os.environ, "PYTHONPATH": f"{args.work / 'scp'}:"
+                                                      f"{args.peers / 'shims'}:{os.environ.get('PYTHONPATH', '')}"})
+    print(f"data ready in {time.time() - t0:.0f} s", flush=True)
+    rows = []
+    for config in args.configs:
+        for batch in args.batches:
+            mine, theirs, plain = [], [], []
+            for _ in range(args.rounds):
+                mine.append(run_caprl(paths, config, batch, args))
+                if args.plain_autograd:
+                    plain.append(run_caprl(paths, config, batch, args, plain=True))
+                if config in SCP_CONFIGS:
+                    try:
+                        theirs.append(run_scp(args.peers, scp, data, env, config, batch, args))
+                    except RuntimeError as exc:
+                        print(f"SCP {config} batch {batch}: {exc}", flush=True)
+            row: dict[str, Any] = {"config": config, "batch": batch,
+                                   "caprl_ms": statistics.median(r["median_ms"] for r in mine),
+                                   "caprl_gpu_mib": mine[-1].get("peak_gpu_mib"), "caprl_runs": mine}
+            row["caprl_ips"] = batch * 1000 / row["caprl_ms"]
+            if plain:
+                row["plain_ms"] = statistics.median(r["median_ms"] for r in plain)
+                row["plain_runs"] = plain
+            if theirs:
+                row["scp_ms"] = statistics.median(r["median_ms"] for r in theirs)
+                row["scp_ips"] = batch * 1000 / row["scp_ms"]
+                row["ratio"] = row["caprl_ips"] / row["scp_ips"]
+                row["scp_gpu_mib"] = round(theirs[-1].get("peak_cuda_mib", 0), 1)
+                row["scp_runs"] = theirs
+            rows.append(row)
+            report(rows, args)
+            print(f"{config:16s} {batch:4d}  caprl {row['caprl_ms']:7.1f} ms"
+                  + (f" (plain autograd {row['plain_ms']:7.1f} ms)" if plain else "")
+                  + (f"  SCP {row['scp_ms']:7.1f} ms  ratio {row['ratio']:.2f}x" if theirs else ""), flush=True)
+    if rows:
+        print("\n" + report(rows, args))
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The table so far (written after every configuration: a run cut short keeps its rows)."""
+    import torch
+
+    device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    note = (f"Device {device}, torch {torch.__version__}, {args.steps} timed steps after {args.warmup} warm-up, "
+            f"{args.rounds} interleaved round(s), fp32.")
+    text = markdown(rows, device, note)
+    if args.json:
+        args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
