@@ -104,6 +104,17 @@ def test_h100_figures_are_used_where_measured_and_cpu_scaled_elsewhere(params: d
     assert cpu.size_factor(256, 36, "xe", False) == pytest.approx(0.25)  # quadratic in the hidden size
 
 
+def test_h200_figures_and_the_footer_name_the_device(params: dict[str, Any]) -> None:
+    est = costs.Estimator(params, costs.load_costs(), "h200")
+    assert est.base_ms("scst", "topdown", 50) == (71.1, "measured")
+    assert est.base_ms("xe", "fc", 250) == (30.1, "measured")
+    assert est.cpu_ratio()[0] == pytest.approx(2339 / 71.1)
+    text = costs.render(costs.estimate(params, "h200"), "table", "h200", ["params.yaml"], costs.load_costs())
+    assert "one NVIDIA H200" in text and "(CPU / H200, SCST Top-Down, batch 50)" in text and "H100" not in text
+    cpu = costs.render(costs.estimate(params, "cpu"), "table", "cpu", ["params.yaml"], costs.load_costs())
+    assert "scaled from CPU" not in cpu.split("basis:")[-1]
+
+
 def test_unknown_method_and_architecture_fall_back_to_the_stated_rule(params: dict[str, Any]) -> None:
     table = costs.load_costs()
     del table["methods"]["c2f"], table["architectures"]["stackcap"]

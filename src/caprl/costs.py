@@ -1,6 +1,6 @@
 """``caprl plan``: every job of the workflow plan with its estimated hours and peak memory.
 
-    caprl plan --params params.yaml [configs/recipes/<name>.yaml] [--device h100|cpu]
+    caprl plan --params params.yaml [configs/recipes/<name>.yaml] [--device h100|h200|cpu]
                [--format table|md|json] [--out FILE]
 
 Jobs are :func:`caprl.workflow_plan.build_plan`'s (the Snakefile's), named as Snakemake's rules:
@@ -64,7 +64,7 @@ from caprl.workflow_plan import ANNOTATIONS, CPU_BACKBONES, VOCAB, Dataset, Plan
 log = logging.getLogger(__name__)
 
 COSTS = Path(__file__).with_name("step_costs.yaml")
-DEVICES = ("h100", "cpu")
+DEVICES = ("h100", "h200", "cpu")
 RULE_ORDER = ("synthesize", "synthesize_video", "prepare", "vocab", "references", "cider_df", "features",
               "bottomup_features", "merge_features", "train", "evaluate", "retrieval", "gold_retrieval", "baseline",
               "attention_figure", "psst_figures", "curves", "tables", "tune_report")
@@ -381,9 +381,10 @@ def render(result: Estimate, fmt: str, device: str, files: list[str], costs: dic
              f"caprl/{COSTS.name}). Memory: peak, estimated.",
              *(f"{n}: {s.train:,} train / {s.val:,} val / {s.test:,} test images ({s.source})"
                for n, s in result.sizes.items()),
-             "basis: measured = this device's step figure (scaled to the run by the stated rules); scaled from CPU = "
-             f"the CPU figure / {Estimator({}, costs, 'h100').cpu_ratio()[0]:.1f} (CPU / H100, SCST Top-Down, batch "
-             "50); fallback = a stated substitute.",
+             "basis: measured = this device's step figure (scaled to the run by the stated rules); "
+             + (f"scaled from CPU = the CPU figure / {Estimator({}, costs, device).cpu_ratio()[0]:.1f} (CPU / "
+                f"{device.upper()}, SCST Top-Down, batch 50); " if device != "cpu" else "")
+             + "fallback = a stated substitute.",
              "Not counted: jobs without a GPU (-), metric scoring (CPU), early stopping (every epoch is trained)."]
     if fmt == "md":
         table = lambda h, b: "\n".join(["| " + " | ".join(h) + " |", "|" + "---|" * len(h),
