@@ -38,10 +38,14 @@ def sh(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = Non
     return done.stdout
 
 
-def setup_scp(peers: Path, work: Path, captions: Path, feat_images: int) -> tuple[Path, Path, dict[str, str]]:
-    """Extract SCP, write its data and its CIDEr-D n-gram cache (scp_step.py's set-up)."""
+def scp_side(peers: Path, work: Path, captions: Path, feat_images: int,
+             setup: bool) -> tuple[Path, Path, dict[str, str]]:
+    """SCP's folder, its data folder and the environment it runs in; ``setup``: first extract SCP,
+    write its data and its CIDEr-D n-gram cache (scp_step.py's set-up) where missing."""
     scp, data = work / "scp", work / "scp-data"
     env = {**os.environ, "PYTHONPATH": f"{scp}:{peers / 'shims'}:{os.environ.get('PYTHONPATH', '')}"}
+    if not setup:
+        return scp, data, env
     if not (scp / "captioning").exists():
         scp.mkdir(parents=True, exist_ok=True)
         sh(["tar", "-xzf", str(peers / "scp_py.tgz"), "-C", str(scp)])
@@ -73,7 +77,7 @@ def run_scp(peers: Path, scp: Path, data: Path, env: dict[str, str], config: str
     return json.loads(line[len("RESULT "):])
 
 
-def markdown(rows: list[dict[str, Any]], device: str, note: str) -> str:
+def markdown(rows: list[dict[str, Any]], note: str) -> str:
     plain = any("plain_ms" in r for r in rows)
     lines = [f"{note}", "", "| config | batch | caprl ms | caprl images/s | SCP ms | SCP images/s | caprl / SCP |"
              " caprl peak GPU MiB | SCP peak GPU MiB |" + (" caprl plain autograd ms |" if plain else ""),
@@ -115,9 +119,7 @@ def main() -> None:
                          "distinct train images; SCP's data has 4,500: use fewer steps")
     t0 = time.time()
     paths = build_data(args.work / "caprl", captions=args.captions)
-    scp, data, env = setup_scp(args.peers, args.work, args.captions, feat_images) if args.setup else \
-        (args.work / "scp", args.work / "scp-data", {**os.environ, "PYTHONPATH": f"{args.work / 'scp'}:"
-                                                      f"{args.peers / 'shims'}:{os.environ.get('PYTHONPATH', '')}"})
+    scp, data, env = scp_side(args.peers, args.work, args.captions, feat_images, args.setup)
     print(f"data ready in {time.time() - t0:.0f} s", flush=True)
     rows = []
     for config in args.configs:
@@ -161,7 +163,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     note = (f"Device {device}, torch {torch.__version__}, {args.steps} timed steps after {args.warmup} warm-up, "
             f"{args.rounds} interleaved round(s), fp32.")
-    text = markdown(rows, device, note)
+    text = markdown(rows, note)
     if args.json:
         args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     if args.markdown:

@@ -245,18 +245,19 @@ class Features:
         return torch.from_numpy(pooled), torch.from_numpy(regions)
 
     def _pooled_only(self, rows: np.ndarray) -> torch.Tensor:
+        """The pooled rows alone: from memory, else the cache, else the file (each missing row
+        once, in file order, as :meth:`get`); the regions dataset is never opened."""
         if self._pooled is not None:
             return torch.from_numpy(np.ascontiguousarray(self._pooled[rows]))
-        pooled = np.empty((len(rows), self.dim), np.float32)
         with self._lock:
-            pooled_ds = None
-            for k, row in enumerate(rows):
-                hit = self._cache.get(int(row))
-                if hit is not None:
-                    pooled[k] = hit[0]
-                    continue
-                pooled_ds = pooled_ds if pooled_ds is not None else self._file()["pooled"]
-                pooled[k] = pooled_ds[int(row)]
+            found = {row: hit[0] for row in {int(r) for r in rows} if (hit := self._cache.get(row)) is not None}
+            missing = sorted({int(r) for r in rows} - found.keys())
+            if missing:
+                pooled_ds = self._file()["pooled"]
+                found.update((row, pooled_ds[row]) for row in missing)
+        pooled = np.empty((len(rows), self.dim), np.float32)
+        for k, row in enumerate(rows):
+            pooled[k] = found[int(row)]
         return torch.from_numpy(pooled)
 
     def _file(self) -> h5py.File:
