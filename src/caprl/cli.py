@@ -77,9 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    stage = next((a for a in argv if not a.startswith("-")), None)
+    if stage in STAGES and stage not in TOOLS and os.environ.get("CAPRL_JOB_SERVER"):
+        from caprl.job_client import run_in_server  # a local Snakemake run's pre-loaded process
+
+        code = run_in_server(argv)
+        if code is not None:
+            return code
     parser = build_parser()
     # Parse the stage name first, then let the stage add its own arguments.
-    stage = next((a for a in argv if not a.startswith("-")), None)
     if stage in STAGES:
         module = importlib.import_module(STAGES[stage][0])
         stage_parser = parser._subparsers._group_actions[0].choices[stage]  # type: ignore[union-attr]

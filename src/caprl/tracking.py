@@ -11,8 +11,10 @@ git commit, dirty flag and source (MLflow's ``mlflow.source.*`` tags) and its jo
 The store is ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///mlflow.db`` in the working
 directory (artifacts in ``mlartifacts/``). If MLflow fails (a dead or slow server, a locked
 database) the job logs one warning and goes on: a dead server costs a connect timeout
-(``CONNECT_TIMEOUT``), a slow one a request timeout, then tracking is off for the job.
-Everything is also in the job's own files, from which ``caprl mlflow-sync`` logs later.
+(``tracking_store.CONNECT_TIMEOUT``), a slow one a request timeout, then tracking is off for
+the job. Everything is also in the job's own files, from which ``caprl mlflow-sync`` logs later.
+Under a local Snakemake run the calls go through the run's MLflow relay (one MLflow client for
+every job; :mod:`caprl.tracking_store`), else through MLflow's own client in the job.
 """
 
 from __future__ import annotations
@@ -20,26 +22,18 @@ from __future__ import annotations
 import getpass
 import logging
 import os
-import socket
 import subprocess
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from caprl.tracking_store import Store, open_store, tracking_uri  # noqa: F401  (tracking_uri: part of this API)
+
 log = logging.getLogger(__name__)
 
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # MLflow 3: not the GenAI view
-CONNECT_TIMEOUT = 2.0  # seconds to reach an HTTP tracking server before giving up for this job
-# MLflow's own HTTP client retries ~7 times with backoff (minutes against a dead server);
-# a user's explicit setting wins.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3",
-                 "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 _unavailable: list[str] = []  # why MLflow failed in this process: later trackers do not retry
-
-
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -110,30 +104,6 @@ def run_url(uri: str, experiment_id: str, run_id: str) -> str:
     return f"http://127.0.0.1:5000/{page} (after `mlflow ui --backend-store-uri {uri}`)"
 
 
-def reachable(uri: str) -> str | None:
-    """None if an HTTP tracking server accepts a connection (or the store is not HTTP), else why not."""
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https"):
-        return None
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname or "localhost", port), timeout=CONNECT_TIMEOUT):
-            return None
-    except OSError as exc:
-        return f"cannot connect to {parts.hostname}:{port} within {CONNECT_TIMEOUT:g} s ({exc})"
-
-
-def experiment_id(client: Any, name: str, uri: str) -> str:
-    """The experiment's id, created (kind: model training) if missing; an old one gets the kind tag."""
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        artifacts = (Path.cwd() / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
-        return client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_KIND)
-    if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND["mlflow.experimentKind"]:
-        client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND["mlflow.experimentKind"])
-    return exp.experiment_id
-
-
 class Tracker:
     """A best-effort MLflow run: ``with Tracker(...) as t: t.log_metrics(...)``.
 
@@ -151,7 +121,7 @@ class Tracker:
         self.enabled = enabled  # False in DDP processes other than 0: one MLflow run per job
         self.keep_status = keep_status  # adding to a finished run (caprl mlflow-sync): leave its status
         self.experiment_id = ""
-        self._client: Any = None
+        self._client: Store | None = None
 
     def __enter__(self) -> "Tracker":
         if not self.enabled:
@@ -166,29 +136,10 @@ class Tracker:
         return self
 
     def _start(self) -> None:
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
         uri = tracking_uri()
-        why = reachable(uri)
-        if why:
-            raise ConnectionError(why)
-        from filelock import FileLock
-        from mlflow.tracking import MlflowClient
-
-        lock = FileLock(str(Path.cwd() / ".mlflow.lock")) if uri.startswith("sqlite:") else None
-        if lock is not None:
-            lock.acquire(timeout=120)  # parallel jobs: one creates the schema and the experiment
-        try:
-            client = MlflowClient(tracking_uri=uri)
-            self.experiment_id = experiment_id(client, self.experiment, uri)
-            if self.run_id is None:
-                self.run_id = client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags).info.run_id
-            elif not self.keep_status:
-                client.update_run(self.run_id, status="RUNNING")  # a resumed training job
-        finally:
-            if lock is not None:
-                lock.release()
-        self._client = client
+        self._client = open_store(uri)
+        self.experiment_id, self.run_id = self._client.open_run(self.experiment, self.run_name, self.tags, self.run_id,
+                                                                self.keep_status)
         log.info("MLflow run %s: %s", self.run_name, run_url(uri, self.experiment_id, self.run_id))
 
     def _fail(self, what: str, exc: BaseException) -> None:
@@ -201,55 +152,42 @@ class Tracker:
     def active(self) -> bool:
         return self._client is not None
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, op: str, *args: Any, **kwargs: Any) -> Any:
+        """The store's ``op`` (a Store method); a failure turns tracking off for the job."""
         if self._client is None:
             return None
         try:
-            return fn(*args, **kwargs)
+            return getattr(self._client, op)(*args, **kwargs)
         except Exception as exc:
             self._fail(what, exc)
             return None
 
     def log_params(self, params: dict[str, Any]) -> None:
-        if self._client is None:
-            return
-        from mlflow.entities import Param
-
-        items = [Param(k, v) for k, v in flatten(params).items()]
+        items = list(flatten(params).items())
         for i in range(0, len(items), 100):
-            self._call("log_params", self._client.log_batch, self.run_id, params=items[i : i + 100])
+            self._call("log_params", "log_batch", self.run_id, params=items[i : i + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None, run_id: str | None = None) -> None:
         """Log to this run, or (``run_id``) to another: an evaluation's test metrics into its training run."""
-        if self._client is None:
-            return
-        import time
-
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        items = [Metric(k.replace("@", "_at_"), float(v), now, step or 0) for k, v in metrics.items()]
-        self._call("log_metrics", self._client.log_batch, run_id or self.run_id, metrics=items)
+        items = [(k.replace("@", "_at_"), float(v), now, step or 0) for k, v in metrics.items()]
+        self._call("log_metrics", "log_batch", run_id or self.run_id, metrics=items)
 
     def set_tags(self, tags: dict[str, str], run_id: str | None = None) -> None:
-        if self._client is None:
-            return
-        from mlflow.entities import RunTag
-
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
-        self._call("set_tags", self._client.log_batch, run_id or self.run_id, tags=items)
+        items = [(k, str(v)) for k, v in tags.items()]
+        self._call("set_tags", "log_batch", run_id or self.run_id, tags=items)
 
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         if self._client is not None and Path(path).is_file():
-            self._call("log_artifact", self._client.log_artifact, self.run_id, str(path), artifact_path)
+            self._call("log_artifact", "log_artifact", self.run_id, str(path), artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self._client is not None:
-            self._call("log_text", self._client.log_text, self.run_id, text, artifact_file)
+            self._call("log_text", "log_text", self.run_id, text, artifact_file)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._client is not None and not self.keep_status:
             status = "FINISHED" if exc_type is None else "FAILED"
             if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
                 status = "KILLED"
-            self._call("set_terminated", self._client.set_terminated, self.run_id, status)
+            self._call("set_terminated", "set_terminated", self.run_id, status)

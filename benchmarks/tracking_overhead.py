@@ -1,0 +1,90 @@
+"""What MLflow tracking costs a pipeline job: its own MLflow client vs the run's MLflow relay.
+
+    python benchmarks/tracking_overhead.py [--jobs N] [--json PATH]
+
+Each "job" is a fresh Python process that does what a training job does with MLflow (one
+Tracker: params, 20 metric batches, tags, a text and a file artifact, the final status) and
+nothing else, in a scratch directory with a sqlite store. Direct (MLflow's own client in the
+job, as on a cluster node) and relay (``caprl.tracking_store``, as under a local Snakemake
+run) alternate, so that both see the same machine. Prints wall and CPU seconds per job
+(median), and the ratio relay / direct measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from caprl import socket_service, tracking_store
+
+JOB = """
+import resource
+from pathlib import Path
+from caprl.tracking import Tracker
+Path("notes.txt").write_text("x")
+with Tracker("caprl", "synthetic/bench/train") as t:
+    t.log_params({"run": {"options": {"lr": 0.01, "epochs": 15}}, "seed": 1234})
+    for step in range(20):
+        t.log_metrics({"train/loss": 1.0 / (step + 1), "train/lr": 0.01}, step=step)
+    t.set_tags({"best.epoch": 3})
+    t.log_text("config", "config.yaml")
+    t.log_artifact("notes.txt")
+    assert t.active
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(usage.ru_utime + usage.ru_stime)
+"""
+
+
+def one_job(cwd: Path, relay: str | None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the job itself) of one tracked job."""
+    env = {k: v for k, v in os.environ.items() if k != tracking_store.SOCKET_ENV}
+    env["MLFLOW_TRACKING_URI"] = "sqlite:///mlflow.db"
+    if relay:
+        env[tracking_store.SOCKET_ENV] = relay
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", JOB], cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    return time.perf_counter() - started, float(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=6, help="jobs of each kind (alternating)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        here = Path.cwd()
+        os.chdir(work)
+        path = socket_service.workflow_socket_path("mlflow-bench")
+        proc = tracking_store.start(path, "sqlite:///mlflow.db")
+        os.chdir(here)
+        try:
+            one_job(work, None)  # the store's schema is created once, outside the timing
+            rows: dict[str, list[tuple[float, float]]] = {"direct": [], "relay": []}
+            for _ in range(args.jobs):
+                rows["direct"].append(one_job(work, None))
+                rows["relay"].append(one_job(work, path))
+        finally:
+            socket_service.stop(path, tracking_store.SERVER_MODULE, what=tracking_store.WHAT)
+            socket_service.stop_process(proc)
+    result = {kind: {"wall_s": statistics.median(w for w, _ in r), "cpu_s": statistics.median(c for _, c in r)}
+              for kind, r in rows.items()}
+    print(f"{'tracking':<8} {'wall s/job':>10} {'CPU s/job':>10}")
+    for kind, r in result.items():
+        print(f"{kind:<8} {r['wall_s']:>10.2f} {r['cpu_s']:>10.2f}")
+    print(f"relay / direct: wall {result['relay']['wall_s'] / result['direct']['wall_s']:.2f}x, "
+          f"CPU {result['relay']['cpu_s'] / result['direct']['cpu_s']:.2f}x ({args.jobs} jobs each, median)")
+    if args.json:
+        args.json.write_text(json.dumps({"jobs": args.jobs, **result}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""The command's side of the job server (:mod:`caprl.job_server`): run a ``caprl`` stage there.
+
+Light on purpose (no torch, no caprl stage imported): it is what every job's ``caprl`` command
+does first under a local Snakemake run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from caprl import socket_service as service
+
+SOCKET_ENV = "CAPRL_JOB_SERVER"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # the command passes these on
+
+
+def run_in_server(argv: Sequence[str]) -> int | None:
+    """Run ``caprl *argv`` in the job server named by ``$CAPRL_JOB_SERVER``; its exit code, or None
+    when no server answers there (the caller then runs the stage itself)."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(2.0)
+        sock.connect(path)
+        data = _frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)})
+        socket.send_fds(sock, [data], [0, 1, 2])
+        answer = service.recv(sock)
+        child = int(answer["pid"])
+    except (OSError, ValueError, EOFError, KeyError, TypeError):
+        sock.close()
+        return None  # no server, a stale socket or a refusal: the stage runs in this process
+    previous = {sig: signal.signal(sig, lambda signum, _frame: pass_on(child, signum)) for sig in FORWARDED}
+    try:
+        sock.settimeout(None)
+        while True:
+            try:
+                return int(service.recv(sock)["exit"])
+            except InterruptedError:
+                continue
+    except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:
+        print(f"caprl: the job server lost job {child} ({exc!r}); see its log in .snakemake/log/", file=sys.stderr)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+
+
+def pass_on(child: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signum)
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message).encode("utf-8")
+    return service.HEADER.pack(len(data)) + data

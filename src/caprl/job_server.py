@@ -1,0 +1,303 @@
+"""A pre-loaded process that forks the jobs of one local workflow run (the job server).
+
+Every ``caprl <stage>`` job starts a Python interpreter and imports torch, numpy, h5py, MLflow,
+torch's compiler front end (which ``torch.optim`` imports at the first step) and its stage's
+modules before it does anything: ~5-8 s of CPU per job, for ~150 jobs in the demo, more than a
+third of a small job's time. The job server imports all of that once; a job's ``caprl`` command
+then sends its arguments, working directory, environment and standard streams (the file
+descriptors themselves) over a Unix socket, and the server forks a child that runs the stage
+exactly as the command would have (:func:`caprl.cli.run`), with the job's streams, directory and
+environment (the command's side: :mod:`caprl.job_client`). The command waits for the child's exit status and exits with it; signals sent to
+the command (Snakemake stopping a job, SIGTERM from a scheduler) are passed on to the child, and
+a child whose command has gone is terminated. The server never runs torch code itself, so the
+children start as fresh processes do (no thread pool, no CUDA context, unseeded RNGs that every
+stage seeds from params.yaml), as PyTorch's own forked DataLoader workers do.
+
+The Snakefile's ``onstart`` starts it for local runs and exports ``$CAPRL_JOB_SERVER``; a
+command that finds no server there (a cluster node, a stage run by hand) runs in its own process
+as before. Protocol: the command sends one framed JSON request ``{"argv", "cwd", "env"}`` with
+its fds 0, 1 and 2 attached (SCM_RIGHTS); the server answers ``{"pid": child}`` at once, then
+``{"exit": code}`` (``code`` as a shell reports it: 128 + N for a child killed by signal N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import gc
+import importlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from caprl import socket_service as service
+from caprl.cli import STAGES, TOOLS
+from caprl.cli import main as run_stage
+from caprl.errors import CaprlError
+from caprl.job_client import FORWARDED, SOCKET_ENV, pass_on
+
+log = logging.getLogger(__name__)
+
+SERVER_MODULE = "caprl.job_server"
+WHAT = "job server"
+# What every job would import; a module that fails to import here is imported by its job as usual.
+PRELOAD = ("numpy", "h5py", "torch", "torch._dynamo", "torch.optim", "mlflow.tracking", "mlflow.entities",
+           "pycocoevalcap.tokenizer.ptbtokenizer", "pycocoevalcap.bleu.bleu", "pycocoevalcap.meteor.meteor",
+           "pycocoevalcap.rouge.rouge", "pycocoevalcap.cider.cider", "matplotlib.pyplot", "filelock", "yaml")
+
+
+# -- the server's side -------------------------------------------------------------------------
+def preload() -> list[str]:
+    """Import what the jobs import (and every pipeline stage's module); the names that failed."""
+    failed = []
+    for name in (*PRELOAD, *(module for stage, (module, _) in STAGES.items() if stage not in TOOLS)):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 (its job will import it and report the error itself)
+            log.info("not preloaded: %s (%s)", name, exc)
+            failed.append(name)
+    return failed
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request and the file descriptors that came with it (three for a job, none for a ping)."""
+    conn.settimeout(service.REQUEST_READ_TIMEOUT_S)
+    first, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    if not first:
+        raise EOFError("connection closed before any request")
+    while len(first) < service.HEADER.size:
+        chunk = conn.recv(service.HEADER.size - len(first))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection mid-request")
+        first += chunk
+    (size,) = service.HEADER.unpack(first[: service.HEADER.size])
+    body = first[service.HEADER.size :]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection mid-request")
+        body += chunk
+    request = json.loads(body.decode("utf-8"))
+    if not isinstance(request, dict):
+        raise ValueError(f"a request is a JSON object, not {type(request).__name__}")
+    return request, list(fds)
+
+
+def _child(request: dict[str, Any], fds: list[int], listener: socket.socket, conns: list[socket.socket]) -> None:
+    """In the forked child: become the job (its streams, directory, environment, argv), run it, exit.
+
+    Never returns: the interpreter's exit handlers run (h5py closes its files, as at a normal
+    exit), then ``os._exit``, so nothing of the server's loop runs in the child.
+    """
+    code = 1
+    try:
+        for sig in (*FORWARDED, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        listener.close()
+        for conn in conns:
+            conn.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update({k: v for k, v in request["env"].items() if k != SOCKET_ENV})
+        sys.argv = ["caprl", *request["argv"]]
+        code = run_stage(list(request["argv"]))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 (reported on the job's own stderr, as the command would)
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            gc.collect()
+            atexit._run_exitfuncs()
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _status_code(status: int) -> int:
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def serve(socket_path: str, parent_pid: int | None = None) -> None:
+    """Preload, then fork a child per job request until ``parent_pid`` ends, SIGTERM/SIGINT or ``shutdown``.
+
+    Unlike :func:`socket_service.serve` this loop keeps each job's connection until its child
+    exits (to send the status), and terminates a child whose command has gone. The socket
+    appears only once the preloading is done: commands that come earlier run by themselves.
+    """
+    path = service.check_path(socket_path, WHAT)
+    started = time.monotonic()
+    failed = preload()
+    log.info("%s: preloaded in %.1f s%s", WHAT, time.monotonic() - started,
+             f" (not: {', '.join(failed)})" if failed else "")
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        raise service.Shutdown(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    jobs: dict[int, socket.socket | None] = {}  # child pid -> its command's connection (None: gone)
+    listener: socket.socket | None = None
+    inode, reason = -1, "?"
+    try:
+        listener, inode = service.bind(path, WHAT)
+        service.write_pid_file(service.pid_file(path))
+        log.info("%s %d listening at %s (parent %s)", WHAT, os.getpid(), path, parent_pid)
+        while True:
+            _reap(jobs)
+            if parent_pid is not None and not service.alive(parent_pid):
+                reason = f"parent {parent_pid} ended"
+                break
+            waiting = {conn: pid for pid, conn in jobs.items() if conn is not None}
+            ready, _, _ = select.select([listener, *waiting], [], [], 0.2)
+            for conn in ready:
+                if conn is listener:
+                    if _accept(listener, jobs):
+                        raise service.Shutdown("shutdown request")
+                else:  # a command's connection turns readable only when the command has gone
+                    log.warning("%s: the command of job %d has gone; terminating the job", WHAT, waiting[conn])
+                    pass_on(waiting[conn], signal.SIGTERM)
+                    conn.close()
+                    jobs[waiting[conn]] = None
+    except service.Shutdown as exc:
+        reason = str(exc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for child in jobs:
+            pass_on(child, signal.SIGTERM)
+        if listener is not None:
+            listener.close()
+            service.remove_if_own(path, inode)
+            with contextlib.suppress(OSError):
+                if Path(service.pid_file(path)).read_text().strip() == str(os.getpid()):
+                    os.unlink(service.pid_file(path))
+        log.info("%s %d stopped: %s (%d running job(s) sent SIGTERM)", WHAT, os.getpid(), reason, len(jobs))
+
+
+def _accept(listener: socket.socket, jobs: dict[int, socket.socket | None]) -> bool:
+    """Take one connection: a ping, a shutdown (True) or a job (forked)."""
+    conn, _ = listener.accept()
+    try:
+        request, fds = _receive(conn)
+    except EOFError:  # a probe (socket_service.live_server_at)
+        conn.close()
+        return False
+    except (OSError, ValueError) as exc:
+        log.warning("%s: bad request dropped (%s)", WHAT, exc)
+        conn.close()
+        return False
+    if request.get("ping") is True or request.get("shutdown") is True:
+        with contextlib.suppress(OSError):
+            service.send(conn, {"ok": True, "pid": os.getpid()})
+        conn.close()
+        return request.get("shutdown") is True
+    if len(fds) != 3 or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            service.send(conn, {"error": "a job request is {argv, cwd, env} with fds 0, 1 and 2"})
+        conn.close()
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(request, fds, listener, [*(c for c in jobs.values() if c is not None), conn])
+    for fd in fds:
+        os.close(fd)
+    log.info("forked job %d: caprl %s (in %s)", pid, " ".join(map(str, request["argv"]))[:300], request.get("cwd"))
+    jobs[pid] = conn
+    conn.settimeout(5.0)
+    with contextlib.suppress(OSError):
+        service.send(conn, {"pid": pid})
+    return False
+
+
+def _reap(jobs: dict[int, socket.socket | None]) -> None:
+    """Send each exited child's status to its command and forget the child."""
+    while jobs:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = jobs.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                service.send(conn, {"exit": _status_code(status)})
+            conn.close()
+
+
+# -- starting and stopping ---------------------------------------------------------------------
+def start(socket_path: str, parent_pid: int | None = None, log_path: str | Path | None = None) -> Any:
+    """Launch the server without waiting for it (it preloads for ~10 s; commands that come before
+    its socket exists run by themselves). Its process."""
+    import subprocess
+
+    path = service.check_path(socket_path, WHAT)
+    command = [sys.executable, "-m", SERVER_MODULE, "--socket", path, "--parent-pid",
+               str(os.getpid() if parent_pid is None else parent_pid)]
+    if log_path is not None:
+        command.append("--verbose")
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+    src = str(Path(__file__).resolve().parents[1])  # where `caprl` is imported from here
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    with open(log_path or os.devnull, "ab") as out:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, env=env, cwd="/")
+
+
+_shared: service.SharedServer | None = None
+
+
+def start_shared(log_path: str | Path | None = None) -> str | None:
+    """For the Snakefile's ``onstart``: a job server for this run's jobs, ``$CAPRL_JOB_SERVER`` set."""
+    global _shared
+    _shared = service.SharedServer(SOCKET_ENV, WHAT, lambda path: start(path, log_path=log_path),
+                                   service.workflow_socket_path("jobs"), SERVER_MODULE)
+    return _shared.start()
+
+
+def stop_shared() -> None:
+    """Stop the job server :func:`start_shared` started (after the run: no job is left)."""
+    global _shared
+    if _shared is not None:
+        _shared.stop()
+        _shared = None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m {SERVER_MODULE}", description=__doc__.split("\n")[0])
+    parser.add_argument("--socket", required=True, help="Unix socket path (at most 107 bytes)")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--verbose", action="store_true", help="log start, stop and lost jobs to stderr")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s job-server %(levelname)s %(message)s")
+    try:
+        serve(args.socket, args.parent_pid)
+    except CaprlError as exc:
+        log.error("%s", exc)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
