@@ -22,7 +22,6 @@ its fds 0, 1 and 2 attached (SCM_RIGHTS); the server answers ``{"pid": child}`` 
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import gc
@@ -265,30 +264,19 @@ def start(socket_path: str, parent_pid: int | None = None, log_path: str | Path 
                                 start_new_session=True, close_fds=True, env=env, cwd="/")
 
 
-_shared: service.SharedServer | None = None
-
-
 def start_shared(log_path: str | Path | None = None) -> str | None:
     """For the Snakefile's ``onstart``: a job server for this run's jobs, ``$CAPRL_JOB_SERVER`` set."""
-    global _shared
-    _shared = service.SharedServer(SOCKET_ENV, WHAT, lambda path: start(path, log_path=log_path),
-                                   service.workflow_socket_path("jobs"), SERVER_MODULE)
-    return _shared.start()
+    return service.start_shared(SOCKET_ENV, WHAT, lambda path: start(path, log_path=log_path),
+                                service.workflow_socket_path("jobs"), SERVER_MODULE)
 
 
 def stop_shared() -> None:
     """Stop the job server :func:`start_shared` started (after the run: no job is left)."""
-    global _shared
-    if _shared is not None:
-        _shared.stop()
-        _shared = None
+    service.stop_shared(SOCKET_ENV)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {SERVER_MODULE}", description=__doc__.split("\n")[0])
-    parser.add_argument("--socket", required=True, help="Unix socket path (at most 107 bytes)")
-    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    parser.add_argument("--verbose", action="store_true", help="log start, stop and lost jobs to stderr")
+    parser = service.server_parser(SERVER_MODULE, __doc__)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s job-server %(levelname)s %(message)s")

@@ -17,6 +17,7 @@ clients queue in the socket's backlog.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -385,6 +386,32 @@ def stop(socket_path: str | Path, module: str, timeout: float = 10.0, what: str 
 def workflow_socket_path(service: str, pid: int | None = None) -> str:
     """``/tmp/caprl-<service>-<uid>-<pid>.sock``: short (Unix socket paths are limited) and per run."""
     return f"/tmp/caprl-{service}-{os.getuid()}-{os.getpid() if pid is None else pid}.sock"
+
+
+def server_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line every service's ``python -m module`` takes (plus its own options)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").split("\n")[0])
+    parser.add_argument("--socket", required=True, help="Unix socket path (at most 107 bytes)")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--verbose", action="store_true", help="log start, stop and failures to stderr")
+    return parser
+
+
+_shared: dict[str, SharedServer] = {}  # env var -> the server start_shared started for this process's jobs
+
+
+def start_shared(env_var: str, what: str, launch: Callable[[str], subprocess.Popen[bytes]], socket_path: str,
+                 module: str) -> str | None:
+    """:meth:`SharedServer.start` of a new server, kept for :func:`stop_shared` (the Snakefile's hooks)."""
+    _shared[env_var] = SharedServer(env_var, what, launch, socket_path, module)
+    return _shared[env_var].start()
+
+
+def stop_shared(env_var: str) -> None:
+    """Stop the server :func:`start_shared` started for ``env_var`` (if any)."""
+    server = _shared.pop(env_var, None)
+    if server is not None:
+        server.stop()
 
 
 class SharedServer:

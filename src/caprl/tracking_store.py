@@ -19,7 +19,6 @@ error, which the job's Tracker treats as it treats a failure of its own client.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import socket
@@ -233,34 +232,23 @@ def start(socket_path: str, uri: str, parent_pid: int | None = None, log_path: s
                          parent_pid, log_path, cwd=os.getcwd(), drop_env=[SOCKET_ENV], what=WHAT)
 
 
-_shared: service.SharedServer | None = None
-
-
 def start_shared(log_path: str | Path | None = None) -> str | None:
     """For the Snakefile's ``onstart``: a relay for this run's jobs, its socket in ``$CAPRL_MLFLOW_RELAY``
-    (see :class:`socket_service.SharedServer`); None (each job talks to MLflow) if it cannot start."""
-    global _shared
+    (see :func:`socket_service.start_shared`); None (each job talks to MLflow) if it cannot start."""
     uri = tracking_uri()
-    _shared = service.SharedServer(SOCKET_ENV, WHAT, lambda path: start(path, uri, log_path=log_path),
-                                   service.workflow_socket_path("mlflow"), SERVER_MODULE)
-    return _shared.start()
+    return service.start_shared(SOCKET_ENV, WHAT, lambda path: start(path, uri, log_path=log_path),
+                                service.workflow_socket_path("mlflow"), SERVER_MODULE)
 
 
 def stop_shared() -> None:
     """Stop the relay :func:`start_shared` started (if any); its calls so far are all made."""
-    global _shared
-    if _shared is not None:
-        _shared.stop()
-        _shared = None
+    service.stop_shared(SOCKET_ENV)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {SERVER_MODULE}", description=__doc__.split("\n")[0])
-    parser.add_argument("--socket", required=True, help="Unix socket path (at most 107 bytes)")
+    parser = service.server_parser(SERVER_MODULE, __doc__)
     parser.add_argument("--uri", required=True, help="the MLflow tracking URI the jobs use")
     parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S, help="exit after this many idle seconds")
-    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    parser.add_argument("--verbose", action="store_true", help="log start, stop and failures to stderr")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s mlflow-relay %(levelname)s %(message)s")

@@ -103,30 +103,22 @@ def workflow_socket_path(pid: int | None = None) -> str:
 
 
 # -- the workflow's shared server -----------------------------------------------------------------
-_shared: service.SharedServer | None = None  # the server start_shared started
-
-
 def start_shared(idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, log_path: str | Path | None = None) -> str | None:
     """Start a server for the jobs this process will spawn and export ``$CAPRL_METEOR_SOCKET``.
 
-    For Snakemake's ``onstart`` (:class:`socket_service.SharedServer`): a live server already
+    For Snakemake's ``onstart`` (:func:`socket_service.start_shared`): a live server already
     named by ``$CAPRL_METEOR_SOCKET`` is used as it is. Never raises: without java, or if the
     server cannot start, it logs why and returns None (every job then starts its own JVM).
     """
-    global _shared
     import shutil
 
     if shutil.which("java") is None and not os.environ.get(SOCKET_ENV):
         log.info("METEOR server not started: java is not on PATH")
         return None
-    _shared = service.SharedServer(SOCKET_ENV, WHAT, lambda path: start(path, idle_timeout_s, log_path=log_path),
-                                   workflow_socket_path(), SERVER_MODULE)
-    return _shared.start()
+    return service.start_shared(SOCKET_ENV, WHAT, lambda path: start(path, idle_timeout_s, log_path=log_path),
+                                workflow_socket_path(), SERVER_MODULE)
 
 
 def stop_shared() -> None:
     """Stop the server :func:`start_shared` started (if any), reap it, unset ``$CAPRL_METEOR_SOCKET``."""
-    global _shared
-    if _shared is not None:
-        _shared.stop()
-        _shared = None
+    service.stop_shared(SOCKET_ENV)

@@ -1,13 +1,15 @@
-"""What MLflow tracking costs a pipeline job: its own MLflow client vs the run's MLflow relay.
+"""What a pipeline job pays before it works: by itself vs through a local run's job server and MLflow relay.
 
-    python benchmarks/tracking_overhead.py [--jobs N] [--json PATH]
+    python benchmarks/job_startup.py [--jobs N] [--json PATH]
 
-Each "job" is a fresh Python process that does what a training job does with MLflow (one
-Tracker: params, 20 metric batches, tags, a text and a file artifact, the final status) and
-nothing else, in a scratch directory with a sqlite store. Direct (MLflow's own client in the
-job, as on a cluster node) and relay (``caprl.tracking_store``, as under a local Snakemake
-run) alternate, so that both see the same machine. Prints wall and CPU seconds per job
-(median), and the ratio relay / direct measured in this run.
+1. Start-up: ``caprl train --help`` (the training stage's imports: torch, MLflow, the stage's
+   modules; nothing trained) as a command by itself and through ``caprl.job_server``.
+2. Tracking: a fresh Python process that does what a training job does with MLflow (one
+   Tracker: params, 20 metric batches, tags, a text and a file artifact, the final status) and
+   nothing else, in a scratch directory with a sqlite store: MLflow's own client in the job
+   (as on a cluster node) vs the relay (``caprl.tracking_store``, as under a local Snakemake run).
+The two ways alternate, so that both see the same machine. Prints wall seconds per job (median;
+for the relay also the job's own CPU seconds) and the ratios measured in this run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from caprl import socket_service, tracking_store
+from caprl import job_server, socket_service, tracking_store
 
 JOB = """
 import resource
@@ -53,11 +55,44 @@ def one_job(cwd: Path, relay: str | None) -> tuple[float, float]:
     return time.perf_counter() - started, float(proc.stdout.strip().splitlines()[-1])
 
 
+def one_command(server: str | None) -> float:
+    """Wall seconds of ``caprl train --help``, by itself or through the job server at ``server``."""
+    env = {k: v for k, v in os.environ.items() if k != job_server.SOCKET_ENV}
+    if server:
+        env[job_server.SOCKET_ENV] = server
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "caprl", "train", "--help"], env=env, capture_output=True, check=True)
+    return time.perf_counter() - started
+
+
+def startup(jobs: int) -> dict[str, float]:
+    path = socket_service.workflow_socket_path("jobs-bench")
+    proc = job_server.start(path)
+    try:
+        while not socket_service.live_server_at(path):  # it preloads first
+            if proc.poll() is not None:
+                raise SystemExit("the job server did not start")
+            time.sleep(0.1)
+        rows: dict[str, list[float]] = {"by itself": [], "job server": []}
+        for _ in range(jobs):
+            rows["by itself"].append(one_command(None))
+            rows["job server"].append(one_command(path))
+    finally:
+        socket_service.stop(path, job_server.SERVER_MODULE, what=job_server.WHAT)
+        socket_service.stop_process(proc)
+    return {kind: statistics.median(r) for kind, r in rows.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=6, help="jobs of each kind (alternating)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    started = startup(args.jobs)
+    print(f"{'caprl train --help':<20} {'wall s/job':>10}")
+    for kind, wall in started.items():
+        print(f"{kind:<20} {wall:>10.2f}")
+    print(f"job server / by itself: {started['job server'] / started['by itself']:.2f}x ({args.jobs} each, median)\n")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         here = Path.cwd()
@@ -82,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"relay / direct: wall {result['relay']['wall_s'] / result['direct']['wall_s']:.2f}x, "
           f"CPU {result['relay']['cpu_s'] / result['direct']['cpu_s']:.2f}x ({args.jobs} jobs each, median)")
     if args.json:
-        args.json.write_text(json.dumps({"jobs": args.jobs, **result}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"jobs": args.jobs, "startup_wall_s": started, "tracking": result},
+                                        indent=1) + "\n")
     return 0
 
 
