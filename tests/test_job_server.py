@@ -110,8 +110,12 @@ def test_exit_codes_errors_and_directory_are_the_commands(server: tuple[str, Pat
     assert forked_jobs(log) == before + 2
 
 
-def test_without_a_server_a_command_runs_by_itself(tmp_path: Path) -> None:
-    gone = subprocess.run([sys.executable, "-m", "caprl", "curves", "--help"], cwd=tmp_path,
-                          env=env_for(f"/tmp/caprl-js-{os.getpid()}-none.sock"), capture_output=True, text=True,
-                          timeout=120)
-    assert gone.returncode == 0 and gone.stdout.startswith("usage: caprl curves")
+@pytest.mark.parametrize("where", ["gone", "off"])
+def test_without_a_server_a_command_runs_by_itself(where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    socket_path = f"/tmp/caprl-js-{os.getpid()}-none.sock" if where == "gone" else "off"
+    alone = subprocess.run([sys.executable, "-m", "caprl", "curves", "--help"], cwd=tmp_path, env=env_for(socket_path),
+                           capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0 and alone.stdout.startswith("usage: caprl curves")
+    if where == "off":  # the Snakefile's hook starts none
+        monkeypatch.setenv(job_server.SOCKET_ENV, "off")
+        assert job_server.start_shared() is None and os.environ[job_server.SOCKET_ENV] == "off"

@@ -18,6 +18,7 @@ from typing import Any
 from caprl import socket_service as service
 
 SOCKET_ENV = "CAPRL_JOB_SERVER"
+OFF = "off"  # `CAPRL_JOB_SERVER=off snakemake ...`: no job server, every job runs by itself
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # the command passes these on
 
 
@@ -25,7 +26,7 @@ def run_in_server(argv: Sequence[str]) -> int | None:
     """Run ``caprl *argv`` in the job server named by ``$CAPRL_JOB_SERVER``; its exit code, or None
     when no server answers there (the caller then runs the stage itself)."""
     path = os.environ.get(SOCKET_ENV)
-    if not path:
+    if not path or path == OFF:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -11,7 +11,10 @@ environment (the command's side: :mod:`caprl.job_client`). The command waits for
 the command (Snakemake stopping a job, SIGTERM from a scheduler) are passed on to the child, and
 a child whose command has gone is terminated. The server never runs torch code itself, so the
 children start as fresh processes do (no thread pool, no CUDA context, unseeded RNGs that every
-stage seeds from params.yaml), as PyTorch's own forked DataLoader workers do.
+stage seeds from params.yaml), as PyTorch's own forked DataLoader workers do. One difference
+remains: an environment variable that a preloaded library reads when it is imported (not when it
+is used) has the value Snakemake started with; set such variables before ``snakemake``, or run
+``CAPRL_JOB_SERVER=off snakemake ...`` (no server: every job by itself, as on a cluster).
 
 The Snakefile's ``onstart`` starts it for local runs and exports ``$CAPRL_JOB_SERVER``; a
 command that finds no server there (a cluster node, a stage run by hand) runs in its own process
@@ -42,7 +45,7 @@ from caprl import socket_service as service
 from caprl.cli import STAGES, TOOLS
 from caprl.cli import main as run_stage
 from caprl.errors import CaprlError
-from caprl.job_client import FORWARDED, SOCKET_ENV, pass_on
+from caprl.job_client import FORWARDED, OFF, SOCKET_ENV, pass_on
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +268,11 @@ def start(socket_path: str, parent_pid: int | None = None, log_path: str | Path 
 
 
 def start_shared(log_path: str | Path | None = None) -> str | None:
-    """For the Snakefile's ``onstart``: a job server for this run's jobs, ``$CAPRL_JOB_SERVER`` set."""
+    """For the Snakefile's ``onstart``: a job server for this run's jobs, ``$CAPRL_JOB_SERVER`` set
+    (``CAPRL_JOB_SERVER=off`` before ``snakemake``: none, every job runs by itself)."""
+    if os.environ.get(SOCKET_ENV) == OFF:
+        log.info("%s not started: $%s=%s", WHAT, SOCKET_ENV, OFF)
+        return None
     return service.start_shared(SOCKET_ENV, WHAT, lambda path: start(path, log_path=log_path),
                                 service.workflow_socket_path("jobs"), SERVER_MODULE)
 
