@@ -7,13 +7,11 @@ does first under a local Snakemake run.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from caprl import socket_service as service
 
@@ -32,7 +30,7 @@ def run_in_server(argv: Sequence[str]) -> int | None:
     try:
         sock.settimeout(2.0)
         sock.connect(path)
-        data = _frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)})
+        data = service.frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)})
         socket.send_fds(sock, [data], [0, 1, 2])
         answer = service.recv(sock)
         child = int(answer["pid"])
@@ -42,11 +40,7 @@ def run_in_server(argv: Sequence[str]) -> int | None:
     previous = {sig: signal.signal(sig, lambda signum, _frame: pass_on(child, signum)) for sig in FORWARDED}
     try:
         sock.settimeout(None)
-        while True:
-            try:
-                return int(service.recv(sock)["exit"])
-            except InterruptedError:
-                continue
+        return int(service.recv(sock)["exit"])  # a forwarded signal's handler returns: the read goes on
     except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:
         print(f"caprl: the job server lost job {child} ({exc!r}); see its log in .snakemake/log/", file=sys.stderr)
         return 1
@@ -60,7 +54,3 @@ def pass_on(child: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(child, signum)
 
-
-def _frame(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message).encode("utf-8")
-    return service.HEADER.pack(len(data)) + data

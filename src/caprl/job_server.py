@@ -29,7 +29,6 @@ import atexit
 import contextlib
 import gc
 import importlib
-import json
 import logging
 import os
 import select
@@ -73,23 +72,13 @@ def preload() -> list[str]:
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request and the file descriptors that came with it (three for a job, none for a ping)."""
     conn.settimeout(service.REQUEST_READ_TIMEOUT_S)
-    first, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    first, fds, _flags, _addr = socket.recv_fds(conn, service.HEADER.size, 3)
     if not first:
         raise EOFError("connection closed before any request")
-    while len(first) < service.HEADER.size:
-        chunk = conn.recv(service.HEADER.size - len(first))
-        if not chunk:
-            raise ConnectionError("the peer closed the connection mid-request")
-        first += chunk
-    (size,) = service.HEADER.unpack(first[: service.HEADER.size])
-    body = first[service.HEADER.size :]
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise ConnectionError("the peer closed the connection mid-request")
-        body += chunk
-    request = json.loads(body.decode("utf-8"))
+    request = service.recv_rest(conn, first)
     if not isinstance(request, dict):
+        for fd in fds:
+            os.close(fd)
         raise ValueError(f"a request is a JSON object, not {type(request).__name__}")
     return request, list(fds)
 
@@ -184,11 +173,7 @@ def serve(socket_path: str, parent_pid: int | None = None) -> None:
         for child in jobs:
             pass_on(child, signal.SIGTERM)
         if listener is not None:
-            listener.close()
-            service.remove_if_own(path, inode)
-            with contextlib.suppress(OSError):
-                if Path(service.pid_file(path)).read_text().strip() == str(os.getpid()):
-                    os.unlink(service.pid_file(path))
+            service.release(listener, path, inode)
         log.info("%s %d stopped: %s (%d running job(s) sent SIGTERM)", WHAT, os.getpid(), reason, len(jobs))
 
 
@@ -251,20 +236,8 @@ def _reap(jobs: dict[int, socket.socket | None]) -> None:
 def start(socket_path: str, parent_pid: int | None = None, log_path: str | Path | None = None) -> Any:
     """Launch the server without waiting for it (it preloads for ~10 s; commands that come before
     its socket exists run by themselves). Its process."""
-    import subprocess
-
-    path = service.check_path(socket_path, WHAT)
-    command = [sys.executable, "-m", SERVER_MODULE, "--socket", path, "--parent-pid",
-               str(os.getpid() if parent_pid is None else parent_pid)]
-    if log_path is not None:
-        command.append("--verbose")
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
-    src = str(Path(__file__).resolve().parents[1])  # where `caprl` is imported from here
-    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    with open(log_path or os.devnull, "ab") as out:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=env, cwd="/")
+    return service.start(SERVER_MODULE, socket_path, (), parent_pid, log_path, wait_s=None, drop_env=[SOCKET_ENV],
+                         what=WHAT)
 
 
 def start_shared(log_path: str | Path | None = None) -> str | None:

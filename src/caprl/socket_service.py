@@ -62,12 +62,17 @@ class Shutdown(BaseException):
 
 
 # -- framing ---------------------------------------------------------------------------------
-def send(sock: socket.socket, message: Mapping[str, Any]) -> None:
+def frame(message: Mapping[str, Any]) -> bytes:
+    """One message as it goes over the socket: its length, then its JSON."""
     data = json.dumps(message).encode("utf-8")
-    sock.sendall(HEADER.pack(len(data)) + data)
+    return HEADER.pack(len(data)) + data
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def send(sock: socket.socket, message: Mapping[str, Any]) -> None:
+    sock.sendall(frame(message))
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
     chunks: list[bytes] = []
     while size:
         chunk = sock.recv(min(size, 1 << 20))
@@ -83,10 +88,15 @@ def recv(sock: socket.socket) -> Any:
     first = sock.recv(HEADER.size)
     if not first:
         raise EOFError("connection closed before any request")
-    (size,) = HEADER.unpack(first + _recv_exact(sock, HEADER.size - len(first)))
+    return recv_rest(sock, first)
+
+
+def recv_rest(sock: socket.socket, first: bytes) -> Any:
+    """The message whose first bytes (at most the header) were already read."""
+    (size,) = HEADER.unpack(first + recv_exact(sock, HEADER.size - len(first)))
     if size > MAX_MESSAGE:
         raise ValueError(f"message of {size} bytes is larger than the {MAX_MESSAGE}-byte limit")
-    return json.loads(_recv_exact(sock, size).decode("utf-8"))
+    return json.loads(recv_exact(sock, size).decode("utf-8"))
 
 
 def check_path(socket_path: str | Path, what: str = "server") -> str:
@@ -206,11 +216,16 @@ def write_pid_file(pid_path: str) -> None:
         f.write(f"{os.getpid()}\n")
 
 
-def remove_if_own(path: str, inode: int) -> None:
-    """Remove the socket file unless a newer server has replaced it since."""
+def release(listener: socket.socket, path: str, inode: int) -> None:
+    """Close the listening socket; remove its file unless a newer server has replaced it since, and
+    the pid file if it is still this process's."""
+    listener.close()
     with contextlib.suppress(OSError):
         if os.stat(path).st_ino == inode:
             os.unlink(path)
+    with contextlib.suppress(OSError):
+        if Path(pid_file(path)).read_text().strip() == str(os.getpid()):
+            os.unlink(pid_file(path))
 
 
 def _handle(conn: socket.socket, handler: Handler, what: str) -> bool:
@@ -291,17 +306,13 @@ def serve(socket_path: str | Path, handler: Handler, idle_timeout_s: float, pare
         if close is not None:
             close()
         if listener is not None:
-            listener.close()
-            remove_if_own(path, inode)
-            with contextlib.suppress(OSError):
-                if Path(pid_path).read_text().strip() == str(os.getpid()):
-                    os.unlink(pid_path)
+            release(listener, path, inode)
         log.info("%s %d stopped: %s", what, os.getpid(), reason)
 
 
 # -- starting and stopping -------------------------------------------------------------------
 def start(module: str, socket_path: str | Path, args: Sequence[str] = (), parent_pid: int | None = None,
-          log_path: str | Path | None = None, wait_s: float = 10.0, cwd: str | Path = "/",
+          log_path: str | Path | None = None, wait_s: float | None = 10.0, cwd: str | Path = "/",
           drop_env: Sequence[str] = (), what: str = "server") -> subprocess.Popen[bytes]:
     """Launch ``python -m module --socket P --parent-pid N [--verbose] *args`` detached; return once
     it answers a ping.
@@ -310,7 +321,8 @@ def start(module: str, socket_path: str | Path, args: Sequence[str] = (), parent
     /dev/null, stdout/stderr to ``log_path`` or /dev/null), so a Snakemake job or Snakemake
     itself never waits on its output. ``parent_pid`` defaults to the caller; ``drop_env`` names
     environment variables the server must not inherit. CaprlError if the server exited or did
-    not answer within ``wait_s`` seconds.
+    not answer within ``wait_s`` seconds; ``wait_s`` None: return at once (a server that prepares
+    itself before its socket appears).
     """
     path = check_path(socket_path, what)
     parent = os.getpid() if parent_pid is None else int(parent_pid)
@@ -330,6 +342,8 @@ def start(module: str, socket_path: str | Path, args: Sequence[str] = (), parent
     finally:
         if not isinstance(out, int):
             out.close()
+    if wait_s is None:
+        return proc
     deadline = time.monotonic() + wait_s
     while True:
         with contextlib.suppress(ServiceError):
