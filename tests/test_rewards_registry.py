@@ -76,3 +76,49 @@ def test_build_mix_routes_options_to_the_components_that_take_them():
     np.testing.assert_allclose(mix(ids, caps), expected, rtol=0, atol=1e-12)
     with pytest.raises(CaprlError, match=r"bad options \['corenlp_dir'\]"):
         build_mix("m", {"cider_d": 1.0}, REFS, corenlp_dir="/x")
+
+
+@pytest.mark.parametrize("name", ["meteor", "rouge_l"])
+def test_string_metrics_score_each_distinct_caption_once_with_the_scorers_own_numbers(name):
+    """PG-SPIDEr's roll-outs repeat captions: each distinct (image, caption) is scored once, and
+    every score equals the scorer's own on the whole batch at once (METEOR: one JVM request)."""
+    ids, cands, refs = held_out(40)
+    batch_ids, batch = ids + ids[:25] + ids[5:15], cands + cands[:25] + cands[5:15]  # repeats
+    reward = build_reward(name, refs)
+    try:
+        reward.cache_size = 30  # small enough to be emptied on the way
+        direct = reward.score(batch_ids, batch)
+        first, second = reward(batch_ids[:50], batch[:50]), reward(batch_ids[50:], batch[50:])
+        np.testing.assert_array_equal(np.concatenate([first, second]), direct)
+        distinct = len(set(zip(batch_ids, map(tuple, batch))))
+        assert distinct < len(batch) and reward.scored <= distinct + 30
+        asked = reward.scored
+        np.testing.assert_array_equal(reward(batch_ids[50:], batch[50:]), second)  # still cached: no new request
+        assert reward.scored == asked
+    finally:
+        reward.close()
+
+
+def test_rouge_l_reward_equals_pycocoevalcaps_rouge_bit_for_bit():
+    """The bit-parallel LCS gives pycocoevalcap's ROUGE-L floats exactly: on held-out COCO
+    captions and on random word sequences with repeats, empty captions and 1-word references."""
+    import random
+
+    from pycocoevalcap.rouge.rouge import Rouge, my_lcs
+
+    from caprl.rewards.rouge import ReferenceMasks
+
+    official = Rouge()
+    ids, cands, refs = held_out(300)
+    ours = build_reward("rouge_l", refs)(ids, cands)
+    expected = [official.calc_score([" ".join(c)], [" ".join(r) for r in refs[i]]) for i, c in zip(ids, cands)]
+    assert ours.tolist() == expected
+    rng, words = random.Random(0), "a b c the dog cat on mat".split()
+    toy = {i: [rng.choices(words, k=rng.randint(1, 18)) for _ in range(rng.randint(1, 5))] for i in range(200)}
+    toy_caps = [rng.choices(words, k=rng.randint(0, 18)) for _ in toy]
+    ours = build_reward("rouge_l", toy)(list(toy), toy_caps)
+    expected = [official.calc_score([" ".join(c)], [" ".join(r) for r in toy[i]]) for i, c in zip(toy, toy_caps)]
+    assert ours.tolist() == expected
+    for i, c in zip(toy, toy_caps):
+        for r in toy[i]:
+            assert ReferenceMasks(" ".join(r)).lcs(c or [""]) == my_lcs(r, c or [""])

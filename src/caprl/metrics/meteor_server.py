@@ -31,6 +31,7 @@ from typing import Any
 
 from caprl import socket_service as service
 from caprl.errors import CaprlError
+from caprl.metrics import meteor_pipe
 from caprl.metrics.meteor_client import (  # noqa: F401  (the client side, re-exported)
     DEFAULT_IDLE_TIMEOUT_S, MAX_SOCKET_PATH, SOCKET_ENV, WHAT, MeteorClient, MeteorServerError, ServerUnavailable,
     start, start_shared, stop, stop_process, stop_shared, workflow_socket_path)
@@ -65,7 +66,7 @@ class _Scorer:
             self._meteor = Meteor()  # the JVM loads its tables during the first compute_score
             log.info("METEOR JVM started (pid %d)", self._meteor.meteor_p.pid)
         try:
-            score, scores = self._meteor.compute_score(gts, res)
+            score, scores = meteor_pipe.compute_score(self._meteor, gts, res)
         except (OSError, ValueError) as exc:  # the JVM died: broken pipe or an empty answer
             self.close()
             message = f"METEOR's Java process failed ({exc}); it is restarted at the next request"

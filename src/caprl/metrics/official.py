@@ -28,6 +28,7 @@ import numpy as np
 
 from caprl.errors import CaprlError, WriteError
 from caprl.io import write_cause
+from caprl.metrics import meteor_pipe
 
 if TYPE_CHECKING:
     from caprl.metrics.spice_server import SpiceServer
@@ -205,7 +206,7 @@ class OfficialScorer:
                 self._meteor = Meteor()
             meteor = self._meteor
         try:
-            score, scores = meteor.compute_score(dict(gts), dict(res))
+            score, scores = meteor_pipe.compute_score(meteor, dict(gts), dict(res))
         except (OSError, ValueError) as exc:  # the JVM died: its pipe broke or answered nothing
             if meteor.lock.locked():  # pycocoevalcap does not release its lock on errors
                 meteor.lock.release()
