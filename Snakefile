@@ -49,37 +49,27 @@ rule tuning:  # each tuned run's options chosen on the validation split (tuning:
         TUNING_FILES,
 
 
-# Three helpers shared by the jobs of a local run, each found through an environment variable by
-# the jobs, which do the work themselves without it: the job server ($CAPRL_JOB_SERVER,
-# caprl.job_server) has torch, MLflow and every stage imported and forks each `caprl` job from
-# there (~5-8 s of CPU saved per job); one METEOR JVM ($CAPRL_METEOR_SOCKET,
-# caprl.metrics.meteor_server; ~6 s per evaluation); one MLflow client ($CAPRL_MLFLOW_RELAY,
-# caprl.tracking_store; ~1.5 s per tracked job). Not started on dry runs (Snakemake runs no hooks
-# then) nor for cluster executors (jobs on other nodes cannot reach them); they exit by themselves
-# when Snakemake does, even if neither hook below runs.
+# Three helpers shared by the jobs of a local run (caprl.services): the job server (torch, MLflow
+# and every stage imported once, each `caprl` job forked from it: ~5-8 s of CPU saved per job), one
+# METEOR JVM (~6 s per evaluation) and one MLflow client (~1.5 s per tracked job). The jobs find them
+# through environment variables and do the work themselves without them. Not started on dry runs
+# (Snakemake runs no hooks then) nor for cluster executors (jobs on other nodes cannot reach them);
+# they exit by themselves when Snakemake does, even if neither hook below runs.
 onstart:
     if workflow.local_exec:
-        from caprl import job_server, tracking_store
-        from caprl.metrics import meteor_client
+        from caprl import services
 
-        for name, service in (("job server", job_server), ("METEOR server", meteor_client),
-                              ("MLflow relay", tracking_store)):
-            socket_path = service.start_shared(log_path=f".snakemake/log/{service.SERVER_MODULE}.log")
-            if socket_path:
-                logger.info(f"{name} for this run's jobs: {socket_path}")
+        for name, socket_path in services.start_all(".snakemake/log").items():
+            logger.info(f"{name} for this run's jobs: {socket_path}")
 
 
 onsuccess:
-    from caprl import job_server, tracking_store
-    from caprl.metrics import meteor_client
+    from caprl import services
 
-    for service in (job_server, meteor_client, tracking_store):
-        service.stop_shared()
+    services.stop_all()
 
 
 onerror:
-    from caprl import job_server, tracking_store
-    from caprl.metrics import meteor_client
+    from caprl import services
 
-    for service in (job_server, meteor_client, tracking_store):
-        service.stop_shared()
+    services.stop_all()

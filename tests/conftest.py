@@ -35,7 +35,8 @@ TINY: dict[str, Any] = {
     "listener": {"word_size": 8, "hidden_size": 16},
     "sweeps": {"lam": [0.5], "rho": [0.25]},  # one point per paper-004 method (fc-frozen_speaker_luo's init)
     "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
-    "runs": {"fc-xe": {"options": {"epochs": 2}}, "lstm3-xe": {"options": {"epochs": 2}}},
+    "runs": {"fc-xe": {"options": {"epochs": 2}}, "lstm3-xe": {"options": {"epochs": 2}},
+             "fc-pg_spider-bcmr": {"options": {"epochs": 1}}},
     "decode": {"beam_size": 2},
     "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3,
                  "diversity": {"samples": 2, "beams": 2, "examples": 2}},
@@ -77,6 +78,33 @@ def two_dataset_params() -> dict[str, Any]:
     params = merge(default_params(), TINY)
     params["datasets"]["shapes_b"] = generated_dataset("shapes_b", n_train=60, max_objects=1)
     return params
+
+
+# The test files whose tests take longest (or wait longest: SLURM's status checks, DVC), run first, so
+# that under pytest-xdist (`-n auto --dist loadfile`, pyproject.toml) they overlap the many short ones.
+SLOW_FIRST = ("test_slurm_cluster.py", "test_e2e.py", "test_tracking.py", "test_ddp.py", "test_resume.py",
+              "test_datasets_dag.py", "test_bad_input_research.py", "test_rewards_benchmark.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true",
+                     help="also run the full forms of the slow tests (marked `full`: every kill point, both DDP "
+                          "models, the whole SLURM recipe, screenshots); CI runs their reduced forms")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: same order on every worker
+    if not config.getoption("--full"):
+        skip = pytest.mark.skip(reason="the full form of a slow test: `pytest --full` (CI runs the reduced form)")
+        for item in items:
+            if "full" in item.keywords:
+                item.add_marker(skip)
+
+
+def full_run(config: pytest.Config) -> bool:
+    """Whether this session runs the full forms (``--full``)."""
+    return bool(config.getoption("--full"))
 
 
 @pytest.fixture

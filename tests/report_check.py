@@ -60,10 +60,11 @@ def report_view(html: str, script: str) -> str:
     return head + f"<script>window.addEventListener('load', () => setTimeout(() => {{ {script} }}, 100));</script></body>" + tail
 
 
-def check_report(workdir: Path, out_png: Path) -> list[Path]:
+def check_report(workdir: Path, out_png: Path, screens: bool = True) -> list[Path]:
     """Run `snakemake --report report.html` in ``workdir`` (where all_tables has finished); check
-    it holds every table and figure, each under its dataset and its paper; with Chromium, take
-    screenshots (``out_png``, and views beside it) and check them. Returns the screenshots."""
+    it holds every table and figure, each under its dataset and its paper; with Chromium (and
+    ``screens``), take screenshots (``out_png``, and views beside it) and check them. Returns the
+    screenshots."""
     run(["snakemake", "--report", "report.html"], workdir)
     html = (workdir / "report.html").read_text(encoding="utf-8")
     results, categories = embedded(html, "results"), embedded(html, "categories")
@@ -76,7 +77,7 @@ def check_report(workdir: Path, out_png: Path) -> list[Path]:
         assert cat == dataset and sub.startswith(tag), f"{path}: under {cat} / {sub}"
         assert results[path]["caption"].strip(), f"{path}: no caption"
         assert str(workdir) not in results[path]["caption"], f"{path}: the caption names this machine's path"
-    if chromium_path() is None:
+    if not screens or chromium_path() is None:
         return []
     dataset = sorted(categories)[0]
     table = next(p for p in expected if p.endswith(".csv"))
@@ -121,10 +122,11 @@ def check_curves(finished_workflow: Path) -> None:
         assert str(finished_workflow) not in (curves / f"{run_dir.name}.csv").read_text()
 
 
-def check_mlflow_compare(workdir: Path, out_png: Path, runs: tuple[str, str]) -> Path | None:
+def check_mlflow_compare(workdir: Path, out_png: Path, runs: tuple[str, str], screens: bool = True) -> Path | None:
     """Start `mlflow server` on ``workdir``'s mlflow.db, open the compare view of two training
     runs (``runs``: their names, e.g. ``synthetic/fc-xe``) in headless Chromium and check that it
-    shows their params and test metrics side by side; the screenshot (None without Chromium)."""
+    shows their params and test metrics side by side; the screenshot (None without Chromium or
+    ``screens``: then only the runs' test metrics are checked)."""
     import socket
     import urllib.parse
     import urllib.request
@@ -136,7 +138,7 @@ def check_mlflow_compare(workdir: Path, out_png: Path, runs: tuple[str, str]) ->
     by_job = {r.data.tags.get("caprl.job"): r for r in client.search_runs([exp.experiment_id], max_results=5000)}
     chosen = [by_job[f"{name}/train"] for name in runs]
     assert all("test/CIDEr-D" in r.data.metrics for r in chosen), "the training runs lack their test metrics"
-    if chromium_path() is None:
+    if not screens or chromium_path() is None:
         return None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

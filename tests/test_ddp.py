@@ -45,7 +45,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)["modules"]["model"]["state"]
 
 
-@pytest.mark.parametrize("model", ["fc", "topdown"])
+@pytest.mark.parametrize("model", ["fc", pytest.param("topdown", marks=pytest.mark.full)])
 def test_two_processes_follow_the_one_process_curve(dataset: DatasetPaths, tmp_path: Path, model: str) -> None:
     one_xe, one_state = train(dataset, f"{model}-xe", 1, tmp_path / "xe1")
     two_xe, two_state = train(dataset, f"{model}-xe", 2, tmp_path / "xe2")

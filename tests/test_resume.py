@@ -349,8 +349,12 @@ KILL_POINTS = {
 }
 
 
+FULL_ONLY = {"xe-after-epoch-end", "xe-after-last-batch", "scst-after-start"}  # `pytest --full`
+
+
 @pytest.mark.timeout(4 * JOB_TIMEOUT)
-@pytest.mark.parametrize("kill_point", list(KILL_POINTS))
+@pytest.mark.parametrize("kill_point", [pytest.param(k, marks=pytest.mark.full) if k in FULL_ONLY else k
+                                        for k in KILL_POINTS])
 def test_sigkill_then_restart_matches_the_uninterrupted_run(setup: Setup, tmp_path: Path, kill_point: str) -> None:
     run, trigger = KILL_POINTS[kill_point]
     delay = 0.0
@@ -392,7 +396,7 @@ def test_sigkill_then_restart_matches_the_uninterrupted_run(setup: Setup, tmp_pa
 @pytest.mark.parametrize(("signum", "run", "trigger"), [
     (signal.SIGTERM, "fc-xe", at(0, 2)),
     (signal.SIGTERM, "fc-scst", at(1, 1)),
-    (signal.SIGUSR1, "fc-xe", at(1, 0)),
+    pytest.param(signal.SIGUSR1, "fc-xe", at(1, 0), marks=pytest.mark.full),
 ], ids=["sigterm-xe", "sigterm-scst", "sigusr1-xe"])
 def test_signal_saves_the_current_step_and_exits_then_resumes(setup: Setup, tmp_path: Path, signum: int, run: str,
                                                               trigger: Trigger) -> None:

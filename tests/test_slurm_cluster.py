@@ -334,14 +334,17 @@ def test_preempted_and_time_limited_jobs_resume(slurm_cluster: Cluster, tmp_path
 RECIPE = REPO / "configs" / "recipes" / "actor_critic-coco.yaml"  # the smallest paper-scale recipe (4 runs)
 
 
-def scaled_down(recipe: Path) -> dict[str, Any]:
+def scaled_down(recipe: Path, runs: list[str] | None = None) -> dict[str, Any]:
     """An overlay that runs ``recipe`` in minutes: its dataset made by the built-in generator at the
     tests' TINY sizes, its models, listener and objectives at TINY's sizes and epochs, one epoch per
-    run; its runs, methods, inits, tables and per-rule resources stay the recipe's."""
+    run; its runs (or the first ones, ``runs``), methods, inits, tables and per-rule resources stay
+    the recipe's."""
     spec = yaml.safe_load(recipe.read_text())
     (name, entry), = [(n, e) for n, e in spec["datasets"].items() if e.get("enabled")]
+    kept = {"runs": runs} if runs else {}
     return {
-        "datasets": {name: {**generated_dataset(name, **TINY["synthetic"]), "vocab": {"min_count": 2, "max_length": 16}}},
+        "datasets": {name: {**generated_dataset(name, **TINY["synthetic"]), "vocab": {"min_count": 2, "max_length": 16},
+                            **kept}},
         "models": {m: TINY["models"][model["arch"]] for m, model in spec.get("models", {}).items()},
         "listener": TINY["listener"],
         "objectives": {m: {**TINY["objectives"][m], **({"warmup_epochs": 1} if m == "listener" else {})}
@@ -351,15 +354,20 @@ def scaled_down(recipe: Path) -> dict[str, Any]:
     }
 
 
+# Reduced (CI): the recipe's first two runs (XE and the listener, side by side: the same rules, groups
+# and resources, 3 fewer waits of the plugin's growing status interval); full: all 4 (`pytest --full`).
+@pytest.mark.parametrize("runs", [pytest.param(["fc-xe", "listener"], id="xe-listener"),
+                                  pytest.param(None, id="every-run", marks=pytest.mark.full)])
 def test_a_recipe_scaled_down_runs_every_job_on_slurm(slurm_cluster: Cluster, tiny_params: dict[str, Any],
-                                                      write_params: Callable[..., Path], tmp_path: Path) -> None:
+                                                      write_params: Callable[..., Path], tmp_path: Path,
+                                                      runs: list[str] | None) -> None:
     """`snakemake --profile slurm all_tables --configfile <recipe>` as docs/cluster.md writes it,
     with an overlay that shrinks the recipe's data and epochs: every job a SLURM job (short jobs in
     series grouped), each asking for the recipe's resources."""
     work = copy_workflow(tmp_path)
     write_params(tiny_params)
     overlay = tmp_path / "scaled_down.yaml"
-    overlay.write_text(yaml.safe_dump(scaled_down(RECIPE), sort_keys=False))
+    overlay.write_text(yaml.safe_dump(scaled_down(RECIPE, runs), sort_keys=False))
     params = params_mod.load([tmp_path / "params.yaml", RECIPE, overlay])
     planned_tables = build_plan(params).table_files()
     assert planned_tables and all(Path(t).name.startswith("coco_ac_table1.") for t in planned_tables)

@@ -44,9 +44,12 @@ STAGES: dict[str, tuple[str, str]] = {
                          "remake the synthetic sets' backbone weights: a tiny CNN trained on single rendered shapes"),
     "dvc-lock": ("caprl.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
     "mlflow-sync": ("caprl.tracking_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
+    "with-services": ("caprl.services", "run a command (e.g. dvc repro) with the job server, METEOR server and MLflow "
+                                        "relay that a local Snakemake run starts for its jobs"),
 }
 # Stages that maintain the repository, not steps of the DAG.
-TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup", "pretrain-tinycnn"}
+TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup", "pretrain-tinycnn",
+         "with-services"}
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:

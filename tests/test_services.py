@@ -1,0 +1,51 @@
+"""`caprl with-services <command>`: the local run's three helpers for a command without hooks (dvc repro)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+VARIABLES = ("CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET", "CAPRL_MLFLOW_RELAY")
+
+PROBE = """
+import json, os, sys
+from caprl import socket_service
+found = {}
+for name in %r:
+    path = os.environ.get(name)
+    alive = False
+    if path:
+        try:
+            socket_service.ping(path, name)
+            alive = True
+        except Exception:
+            alive = False
+    found[name] = [path, alive]
+json.dump(found, open(sys.argv[1], "w"))
+sys.exit(int(sys.argv[2]))
+""" % (VARIABLES,)
+
+
+def test_the_command_runs_with_the_three_services_and_its_exit_code_is_returned(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    probe, seen = tmp_path / "probe.py", tmp_path / "seen.json"
+    probe.write_text(PROBE)
+    proc = subprocess.run(["caprl", "with-services", "--", sys.executable, str(probe), str(seen), "3"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stderr[-3000:]  # the command's own exit code
+    found = json.loads(seen.read_text())
+    assert all(path and path.startswith("/tmp/caprl-") for path, _ in found.values()), found
+    # the METEOR server and the relay answer at once; the job server's socket appears after its preloading
+    assert found["CAPRL_METEOR_SOCKET"][1] and found["CAPRL_MLFLOW_RELAY"][1], found
+    assert not any(os.path.exists(path) for path, _ in found.values())  # stopped, sockets removed
+    logs = sorted(p.name for p in (tmp_path / "logs" / "services").iterdir())
+    assert logs == sorted(["caprl.job_server.log", "caprl.metrics.meteor_server.log", "caprl.tracking_store.log"]), logs
+
+
+def test_no_command_is_a_clear_error(tmp_path: Path) -> None:
+    proc = subprocess.run(["caprl", "with-services"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no command given" in proc.stderr, proc.stderr
