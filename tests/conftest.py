@@ -86,6 +86,13 @@ SLOW_FIRST = ("test_slurm_cluster.py", "test_e2e.py", "test_tracking.py", "test_
               "test_datasets_dag.py", "test_bad_input_research.py", "test_rewards_benchmark.py")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers per core this process may run on (many tests wait on subprocesses,
+    SLURM's status checks, JVMs; xdist's own count asks psutil for the host's physical cores: 22 on
+    this 2-core machine); $PYTEST_XDIST_AUTO_NUM_WORKERS wins."""
+    return int(os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or 2 * len(os.sched_getaffinity(0)))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--full", action="store_true",
                      help="also run the full forms of the slow tests (marked `full`: every kill point, both DDP "
