@@ -94,7 +94,8 @@ def tracked(dataset: DatasetPaths) -> dict[str, Any]:
 
 
 def test_a_dead_server_costs_a_job_seconds_and_sync_logs_it_later(tracked: dict[str, Any]) -> None:
-    assert tracked["dead"] - tracked["up"] < 10, (tracked["dead"], tracked["up"])
+    # no hang (MLflow's own retries would take minutes); the margin absorbs the load of parallel tests
+    assert tracked["dead"] - tracked["up"] < 30, (tracked["dead"], tracked["up"])
     assert "going on without tracking" in tracked["dead_log"] and "mlflow-sync" in tracked["dead_log"]
     runs = runs_by_job(tracked["uri"])
     xe = runs["synthetic/fc-xe/train"]  # made by `caprl mlflow-sync` from history.json
@@ -161,12 +162,13 @@ def silent_server() -> Iterator[int]:
 def test_an_unanswering_server_costs_at_most_ten_seconds(server: str, request: pytest.FixtureRequest,
                                                          tmp_path: Path) -> None:
     port = dead_port() if server == "dead" else request.getfixturevalue("silent_server")
-    script = ("from caprl.tracking import Tracker\n"
+    script = ("import time\nimport mlflow.tracking\nfrom caprl.tracking import Tracker\n"
+              "started = time.monotonic()\n"  # after the imports: their time depends on the machine's load
               "with Tracker('caprl', 'synthetic/x/train') as t:\n"
               "    t.log_params({'a': 1}); t.log_metrics({'m': 1.0}); t.log_text('x', 'x.txt')\n"
-              "    assert not t.active\n")
-    started = time.time()
+              "    assert not t.active\n"
+              "print(f'tracking took {time.monotonic() - started:.3f} s')\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
     assert proc.returncode == 0, proc.stderr
-    assert time.time() - started < 10
+    assert float(proc.stdout.split("tracking took ")[1].split()[0]) < 10, proc.stdout
