@@ -49,8 +49,6 @@ def _close_meteor(meteor: Any) -> None:
         if pipe:
             with contextlib.suppress(OSError):
                 pipe.close()
-    if meteor.lock.locked():  # pycocoevalcap does not release its lock when the JVM fails
-        meteor.lock.release()
 
 
 class _Scorer:

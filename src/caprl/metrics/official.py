@@ -208,8 +208,6 @@ class OfficialScorer:
         try:
             score, scores = meteor_pipe.compute_score(meteor, dict(gts), dict(res))
         except (OSError, ValueError) as exc:  # the JVM died: its pipe broke or answered nothing
-            if meteor.lock.locked():  # pycocoevalcap does not release its lock on errors
-                meteor.lock.release()
             self.close()
             raise CaprlError(f"METEOR's Java process failed ({exc}); it will be restarted on the next call") from exc
         return float(score), [float(s) for s in scores]

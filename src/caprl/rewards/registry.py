@@ -72,10 +72,11 @@ class RougeL(MemoizedReward):
         self._masks: dict[int, list[ReferenceMasks]] = {}
 
     def score(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
-        refs = _lookup(self._refs, image_ids)
-        masks = [self._masks.get(int(i)) or self._masks.setdefault(int(i), [ReferenceMasks(s) for s in r])
-                 for i, r in zip(image_ids, refs)]
-        return np.array([rouge_l(c, m) for c, m in zip(_sentences_of(captions), masks)], dtype=np.float64)
+        for i, refs in zip(image_ids, _lookup(self._refs, image_ids)):  # each image's masks made once
+            if int(i) not in self._masks:
+                self._masks[int(i)] = [ReferenceMasks(s) for s in refs]
+        return np.array([rouge_l(c, self._masks[int(i)]) for i, c in zip(image_ids, _sentences_of(captions))],
+                        dtype=np.float64)
 
 
 class Meteor(MemoizedReward):
