@@ -35,13 +35,17 @@ TINY: dict[str, Any] = {
     "listener": {"word_size": 8, "hidden_size": 16},
     "sweeps": {"lam": [0.5], "rho": [0.25]},  # one point per paper-004 method (fc-frozen_speaker_luo's init)
     "train": {"batch_size": 20, "checkpoint_every": 3, "log_every": 2},
-    "runs": {"fc-xe": {"options": {"epochs": 2}}, "lstm3-xe": {"options": {"epochs": 2}},
-             "fc-pg_spider-bcmr": {"options": {"epochs": 1}}},
+    "runs": {},  # below: every params.yaml run that sets its own epochs gets its method's TINY epochs
     "decode": {"beam_size": 2},
     "evaluate": {"metrics": ["bleu", "rouge_l", "cider_d", "spice"], "n_examples": 3,
                  "diversity": {"samples": 2, "beams": 2, "examples": 2}},
     "features": {"batch_size": 16, "video": {"frames": 4}},
 }
+
+# params.yaml's runs that set their own (demo-sized) epochs train their method's TINY epochs instead
+TINY["runs"] = {run: {"options": {"epochs": TINY["objectives"][spec["method"]]["epochs"]}}
+                for run, spec in yaml.safe_load((REPO / "params.yaml").read_text())["runs"].items()
+                if "epochs" in (spec.get("options") or {})}
 
 
 TINY_VIDEO: dict[str, Any] = {  # the built-in video set, tiny, with an attention model (it attends over frames)

@@ -9,6 +9,7 @@ writes for that configuration.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,18 @@ def test_the_generated_dvc_yaml_follows_the_runs_datasets(snakemake_work: Path, 
     stages = yaml.safe_load((work / "dvc.yaml").read_text())["stages"]
     assert {"synthetic-train-fc-xe", "shapes_b-train-fc-xe", "shapes_b-train-fc-scst"} <= set(stages)
     assert "synthetic-train-fc-scst" not in stages
+
+
+def test_dvc_lock_records_a_snakemake_run(snakemake_work: Path, tmp_path: Path) -> None:
+    """After the main command, `caprl dvc-lock` in a copy (two datasets, run subsets): `dvc status`
+    tells the truth (every stage up to date) and Snakemake still has nothing to do. (`pytest --full`
+    also runs it on test_e2e's whole run.)"""
+    work = tmp_path / "lock"
+    shutil.copytree(snakemake_work, work, symlinks=True)  # copy2: modification times kept
+    assert "changed" in run(["dvc", "status"], work).stdout  # no dvc.lock yet: every stage looks new
+    run(["caprl", "dvc-lock"], work)
+    assert "up to date" in run(["dvc", "status"], work).stdout
+    lock = yaml.safe_load((work / "dvc.lock").read_text())["stages"]
+    assert {"synthetic-train-fc-xe", "shapes_b-train-fc-xe", "shapes_b-train-fc-scst"} <= set(lock)
+    proc = run(["snakemake", "-n", "all_tables"], work)
+    assert "Nothing to be done" in proc.stdout + proc.stderr

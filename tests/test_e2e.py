@@ -280,6 +280,7 @@ def test_a_clone_that_pulls_from_dvc_retrains_nothing_and_runs_experiments(dvc_r
     assert "results/figures/synthetic/curves/fc-scst.csv" in plots["data"]
 
 
+@pytest.mark.full  # CI: test_datasets_dag's smaller run (two datasets, 3 runs; `dvc commit` is ~1 s a stage)
 def test_dvc_lock_records_a_snakemake_run(snakemake_run: Path, tmp_path: Path) -> None:
     """After the main command, `caprl dvc-lock`: `dvc status` tells the truth (every stage up to
     date) and Snakemake still has nothing to do."""

@@ -223,14 +223,14 @@ def test_start_shared_exports_and_stop_shared_unsets(monkeypatch: pytest.MonkeyP
 
 
 def test_pipelined_requests_give_pycocoevalcaps_numbers(fallback) -> None:  # noqa: ANN001
-    """caprl sends every SCORE line before reading the answers (meteor_pipe): on 1,500 held-out COCO
-    captions (~300 kB of requests, more than a pipe holds) the scores are compute_score's, exactly."""
+    """caprl sends every SCORE line before reading the answers (meteor_pipe): on 450 held-out COCO
+    captions (~90 kB of requests, more than a pipe's 64 kB) the scores are compute_score's, exactly."""
     from conftest_rewards import held_out
 
     from caprl.metrics import meteor_pipe
 
     scorer, _, _ = fallback
-    ids, cands, refs = held_out(1500)
+    ids, cands, refs = held_out(450)
     gts = {k: [" ".join(r) for r in refs[i]] for k, i in enumerate(ids)}
     res = {k: [" ".join(c)] for k, c in enumerate(cands)}
     assert sum(len(" ".join(v)) for v in gts.values()) > 2**16

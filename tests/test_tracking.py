@@ -42,12 +42,12 @@ def dead_port() -> int:
         return s.getsockname()[1]
 
 
-def train(data: DatasetPaths, run: str, uri: str, out: str = "") -> tuple[float, str]:
-    """``caprl train`` as the workflow runs it (plan paths, or under ``out``); seconds and its log."""
+def train(data: DatasetPaths, run: str, uri: str) -> tuple[float, str]:
+    """``caprl train`` as the workflow runs it (the plan's paths); seconds and its log."""
     from caprl.workflow_plan import CHECKPOINT, HISTORY, STATE_DIR
 
-    paths = {p: (out + p if out else p).format(dataset="synthetic", run=run) for p in (CHECKPOINT, HISTORY, STATE_DIR)}
-    log = f"logs/train-{run}{'-' + out.strip('/') if out else ''}.log"
+    paths = {p: p.format(dataset="synthetic", run=run) for p in (CHECKPOINT, HISTORY, STATE_DIR)}
+    log = f"logs/train-{run}.log"
     init = ["--init", f"model={CHECKPOINT.format(dataset='synthetic', run='fc-xe')}"] if run == "fc-scst" else []
     cmd = caprl_command("train", data.params, "--log", log, "--dataset", "synthetic", "--run", run, *data.train_args(),
                         *init, "--checkpoint", paths[CHECKPOINT], "--history", paths[HISTORY],
@@ -78,8 +78,7 @@ def runs_by_job(uri: str) -> dict[str, Any]:
 def tracked(dataset: DatasetPaths) -> dict[str, Any]:
     """fc-xe trained with the server down (then synced), fc-scst trained and evaluated with it up."""
     uri = f"sqlite:///{dataset.workdir / 'mlflow.db'}"
-    dead_seconds, dead_log = train(dataset, "fc-xe", f"http://127.0.0.1:{dead_port()}")
-    up_seconds, _ = train(dataset, "fc-xe", f"sqlite:///{dataset.workdir / 'mlflow-up.db'}", out="up/")
+    _, dead_log = train(dataset, "fc-xe", f"http://127.0.0.1:{dead_port()}")
     synced = caprl(dataset, uri, "mlflow-sync")
     _, scst_log = train(dataset, "fc-scst", uri)
     from caprl.workflow_plan import CAPTIONS, CHECKPOINT, EXAMPLES, SCORES
@@ -89,13 +88,12 @@ def tracked(dataset: DatasetPaths) -> dict[str, Any]:
           "--checkpoint", files[CHECKPOINT], *dataset.train_args()[:8], "--refs", str(dataset.references["test"]),
           "--out-captions", files[CAPTIONS], "--out-scores", files[SCORES], "--out-examples", files[EXAMPLES])
     resynced = caprl(dataset, uri, "mlflow-sync")
-    return {"uri": uri, "dead": dead_seconds, "up": up_seconds, "dead_log": dead_log, "synced": synced,
+    return {"uri": uri, "dead_log": dead_log, "synced": synced,
             "resynced": resynced, "scst_log": scst_log, "scores": json.loads((dataset.workdir / files[SCORES]).read_text())}
 
 
 def test_a_dead_server_costs_a_job_seconds_and_sync_logs_it_later(tracked: dict[str, Any]) -> None:
-    # no hang (MLflow's own retries would take minutes); the margin absorbs the load of parallel tests
-    assert tracked["dead"] - tracked["up"] < 30, (tracked["dead"], tracked["up"])
+    # the job went on (no hang: test_an_unanswering_server_costs_at_most_ten_seconds bounds the cost)
     assert "going on without tracking" in tracked["dead_log"] and "mlflow-sync" in tracked["dead_log"]
     runs = runs_by_job(tracked["uri"])
     xe = runs["synthetic/fc-xe/train"]  # made by `caprl mlflow-sync` from history.json

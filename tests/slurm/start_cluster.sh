@@ -11,9 +11,11 @@
 # STATE_DIR/etc-slurm and put back by stop_cluster.sh. The PIDs of the daemons this script
 # starts go to STATE_DIR/pids, one "name pid" a line; stop_cluster.sh stops exactly those.
 #
-# The node: localhost, its real CPUs, a declared memory of CI_NODE_MEM_MB (default
-# 131072: larger than this machine, so that the memory the real profile asks for a
-# training job can be scheduled; nothing enforces it: no cgroups) and two fake GPUs of
+# The node: localhost, a declared CPU count of CI_NODE_CPUS (default 8, more than this
+# machine's: the DAG's independent jobs start side by side, as on a cluster of many nodes,
+# instead of queueing for a 2-CPU node's slots) and a declared memory of CI_NODE_MEM_MB
+# (default 131072: larger than this machine, so that the memory the real profile asks for
+# a training job can be scheduled); nothing enforces either (no cgroups), and two fake GPUs of
 # type CI_GPU_TYPE (gres files aliasing /dev/null and /dev/zero), so that `--gpus=<type>:1`
 # requests are scheduled and counted as on a GPU node. One partition, CI_PARTITION.
 # No accounting database: jobs are followed with squeue and scontrol, which keep a
@@ -24,7 +26,7 @@ STATE=${1:?usage: start_cluster.sh STATE_DIR}
 PARTITION=${CI_PARTITION:-ci}
 GPU_TYPE=${CI_GPU_TYPE:-fakegpu}
 NODE_MEM_MB=${CI_NODE_MEM_MB:-131072}
-NODE_CPUS=${CI_NODE_CPUS:-$(nproc)}
+NODE_CPUS=${CI_NODE_CPUS:-8}
 PACKAGES=(munge slurmctld slurmd slurm-client)
 
 T0=$(date +%s%N)
