@@ -93,7 +93,7 @@ def tracked(dataset: DatasetPaths) -> dict[str, Any]:
 
 
 def test_a_dead_server_costs_a_job_seconds_and_sync_logs_it_later(tracked: dict[str, Any]) -> None:
-    # the job went on (no hang: test_an_unanswering_server_costs_at_most_ten_seconds bounds the cost)
+    # the job went on (no hang: test_an_unanswering_server_costs_seconds_not_minutes)
     assert "going on without tracking" in tracked["dead_log"] and "mlflow-sync" in tracked["dead_log"]
     runs = runs_by_job(tracked["uri"])
     xe = runs["synthetic/fc-xe/train"]  # made by `caprl mlflow-sync` from history.json
@@ -157,11 +157,17 @@ def silent_server() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("server", ["dead", "silent"])
-def test_an_unanswering_server_costs_at_most_ten_seconds(server: str, request: pytest.FixtureRequest,
-                                                         tmp_path: Path) -> None:
+def test_an_unanswering_server_costs_seconds_not_minutes(server: str, request: pytest.FixtureRequest,
+                                                        tmp_path: Path) -> None:
+    """One bounded wait, then tracking is off: the connect timeout (dead) or one request's timeout
+    (silent) of caprl.tracking_store, never MLflow's defaults (7 retries with back-off, 120 s a
+    request: minutes). ~2-4 s alone; the 60 s bound is a hang's, not a speed check (the parallel
+    tests' load stretches the lazy imports inside the timed block)."""
+    from caprl.tracking_store import CONNECT_TIMEOUT, HTTP_DEFAULTS
+
     port = dead_port() if server == "dead" else request.getfixturevalue("silent_server")
     script = ("import time\nimport mlflow.tracking\nfrom caprl.tracking import Tracker\n"
-              "started = time.monotonic()\n"  # after the imports: their time depends on the machine's load
+              "started = time.monotonic()\n"
               "with Tracker('caprl', 'synthetic/x/train') as t:\n"
               "    t.log_params({'a': 1}); t.log_metrics({'m': 1.0}); t.log_text('x', 'x.txt')\n"
               "    assert not t.active\n"
@@ -169,4 +175,8 @@ def test_an_unanswering_server_costs_at_most_ten_seconds(server: str, request: p
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
     assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout.split("tracking took ")[1].split()[0]) < 10, proc.stdout
+    assert "going on without tracking" in proc.stderr and proc.stderr.count("going on without tracking") == 1
+    waited = (f"within {CONNECT_TIMEOUT:g} s" if server == "dead"
+              else f"read timeout={HTTP_DEFAULTS['MLFLOW_HTTP_REQUEST_TIMEOUT']}")
+    assert waited in proc.stderr, proc.stderr[-2000:]
+    assert float(proc.stdout.split("tracking took ")[1].split()[0]) < 60, proc.stdout
