@@ -64,7 +64,7 @@ def test_every_path_carries_the_dataset_and_runs_follow_their_datasets(snakemake
 
 def test_the_generated_dvc_yaml_follows_the_runs_datasets(snakemake_work: Path, tmp_path: Path) -> None:
     """`caprl dvc-yaml` in a copy: a stage per (dataset, run) the run belongs to. That `dvc repro`
-    of such a file gives Snakemake's metrics is shown for two datasets by test_e2e's DVC run, and
+    of such a file gives Snakemake's metrics is shown by test_e2e's DVC run (two datasets with --full), and
     that both tools run the same commands by test_dag_parity (two datasets, run subsets)."""
     work = fresh_copy(tmp_path / "dvc", yaml.safe_load((snakemake_work / "params.yaml").read_text()))
     run(["caprl", "dvc-yaml"], work)

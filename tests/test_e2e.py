@@ -28,7 +28,7 @@ PARAMS = merge(default_params(), merge(TINY, {"datasets": {"synthetic_video": TI
 # Papers 003/004 here: the listener, Luo (frozen listener), ST and PSST multinomial (trained listener,
 # relaxed rows), both frozen speakers, value + actor-critic; the other methods run in their unit and
 # GPU tests (CI time). DVC (it runs its stages one at a time) re-runs the fc model's XE, SCST and
-# PSST runs with the main and operating-point tables, and the video set's fc XE run.
+# PSST runs with the main and operating-point tables, and (`pytest --full`) the video set's fc XE run.
 DISC_LEFT_OUT = ("reinforce_joint", "st_gumbel", "psst_gumbel")
 DVC_METHODS = ("xe", "scst", "listener", "psst_multinomial")
 DVC_TABLES = {"synthetic": ["main", "psst_points"], "synthetic_video": ["main"]}
@@ -220,13 +220,18 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def dvc_run(snakemake_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+def dvc_run(snakemake_run: Path, tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> tuple[Path, Any]:
     """The same params, DVC_METHODS' runs and DVC_TABLES only, run by `dvc repro` in another copy
     (through `caprl with-services`, as the docs run it; `dvc exp run` below runs without): its
-    folder and plan."""
+    folder and plan. CI's reduced form leaves the video set out (its 13 stages: `pytest --full`)."""
     params = yaml.safe_load((snakemake_run / "params.yaml").read_text())
     runs = expand_sweeps(params)["runs"]
+    if not full_run(request.config):
+        params["datasets"][VIDEO]["enabled"] = False
     for ds, tables in DVC_TABLES.items():
+        if not params["datasets"][ds].get("enabled", True):
+            continue
         spec = params["datasets"][ds]
         spec.update(tables=tables, runs=[r for r in spec["runs"] if runs[r]["model"] == "fc"
                                          and runs[r]["method"] in DVC_METHODS[: 4 if ds == "synthetic" else 1]])
