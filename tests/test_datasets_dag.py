@@ -9,14 +9,13 @@ writes for that configuration.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import two_dataset_params
-from test_e2e import fresh_copy, run
+from test_e2e import check_dvc_lock, fresh_copy, run
 
 pytestmark = pytest.mark.e2e
 
@@ -77,12 +76,5 @@ def test_dvc_lock_records_a_snakemake_run(snakemake_work: Path, tmp_path: Path) 
     """After the main command, `caprl dvc-lock` in a copy (two datasets, run subsets): `dvc status`
     tells the truth (every stage up to date) and Snakemake still has nothing to do. (`pytest --full`
     also runs it on test_e2e's whole run.)"""
-    work = tmp_path / "lock"
-    shutil.copytree(snakemake_work, work, symlinks=True)  # copy2: modification times kept
-    assert "changed" in run(["dvc", "status"], work).stdout  # no dvc.lock yet: every stage looks new
-    run(["caprl", "dvc-lock"], work)
-    assert "up to date" in run(["dvc", "status"], work).stdout
-    lock = yaml.safe_load((work / "dvc.lock").read_text())["stages"]
-    assert {"synthetic-train-fc-xe", "shapes_b-train-fc-xe", "shapes_b-train-fc-scst"} <= set(lock)
-    proc = run(["snakemake", "-n", "all_tables"], work)
-    assert "Nothing to be done" in proc.stdout + proc.stderr
+    lock = check_dvc_lock(snakemake_work, tmp_path / "lock")
+    assert {"synthetic-train-fc-xe", "shapes_b-train-fc-xe", "shapes_b-train-fc-scst"} <= lock

@@ -289,13 +289,19 @@ def test_a_clone_that_pulls_from_dvc_retrains_nothing_and_runs_experiments(dvc_r
 def test_dvc_lock_records_a_snakemake_run(snakemake_run: Path, tmp_path: Path) -> None:
     """After the main command, `caprl dvc-lock`: `dvc status` tells the truth (every stage up to
     date) and Snakemake still has nothing to do."""
-    work = tmp_path / "lock"
+    check_dvc_lock(snakemake_run, tmp_path / "lock")
+
+
+def check_dvc_lock(snakemake_run: Path, work: Path) -> set[str]:
+    """`caprl dvc-lock` in a copy of a Snakemake run: `dvc status` up to date after it (changed
+    before), `snakemake -n` has nothing to do; the stages dvc.lock records."""
     shutil.copytree(snakemake_run, work, symlinks=True)  # copy2: modification times kept
     assert "changed" in run(["dvc", "status"], work).stdout  # no dvc.lock yet: every stage looks new
     run(["caprl", "dvc-lock"], work)
     assert "up to date" in run(["dvc", "status"], work).stdout
     proc = run(["snakemake", "-n", "all_tables"], work)
     assert "Nothing to be done" in proc.stdout + proc.stderr
+    return set(yaml.safe_load((work / "dvc.lock").read_text())["stages"])
 
 
 def test_report_holds_every_table_and_figure(snakemake_run: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
