@@ -59,10 +59,11 @@ def scp_side(peers: Path, work: Path, captions: Path, feat_images: int,
 
 
 def run_caprl(paths: dict[str, str], config: str, batch: int, args: argparse.Namespace,
-              plain: bool = False) -> dict[str, Any]:
+              plain: bool = False, graphs: bool = True) -> dict[str, Any]:
     cmd = [sys.executable, str(REPO / "benchmarks/train_step.py"), "--worker", config, str(batch),
            "--paths", json.dumps(paths), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--device", args.device, "--amp", "none", "--threads", str(args.threads)] + (["--plain-autograd"] if plain else [])
+    cmd += ["--cuda-graphs"] if graphs else []
     out = sh(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
     return json.loads(out.strip().splitlines()[-1])
 
@@ -79,15 +80,18 @@ def run_scp(peers: Path, scp: Path, data: Path, env: dict[str, str], config: str
 
 def markdown(rows: list[dict[str, Any]], note: str) -> str:
     plain = any("plain_ms" in r for r in rows)
+    eager = any("eager_ms" in r for r in rows)
     lines = [f"{note}", "", "| config | batch | caprl ms | caprl images/s | SCP ms | SCP images/s | caprl / SCP |"
-             " caprl peak GPU MiB | SCP peak GPU MiB |" + (" caprl plain autograd ms |" if plain else ""),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if plain else "")]
+             " caprl peak GPU MiB | SCP peak GPU MiB |" + (" caprl plain autograd ms |" if plain else "")
+             + (" caprl without CUDA graphs ms |" if eager else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if plain else "") + ("---:|" if eager else "")]
     for r in rows:
         scp = r.get("scp_ms")
         lines.append(f"| {r['config']} | {r['batch']} | {r['caprl_ms']:.1f} | {r['caprl_ips']:.0f} | "
                      + (f"{scp:.1f} | {r['scp_ips']:.0f} | {r['ratio']:.2f}x" if scp else "— | — | —")
                      + f" | {r.get('caprl_gpu_mib', '—')} | {r.get('scp_gpu_mib', '—')} |"
-                     + (f" {r['plain_ms']:.1f} |" if "plain_ms" in r else (" — |" if plain else "")))
+                     + (f" {r['plain_ms']:.1f} |" if "plain_ms" in r else (" — |" if plain else ""))
+                     + (f" {r['eager_ms']:.1f} |" if "eager_ms" in r else (" — |" if eager else "")))
     return "\n".join(lines) + "\n"
 
 
@@ -106,6 +110,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--plain-autograd", action="store_true",
                    help="also time caprl with plain autograd (no weight-gradient tapes)")
+    p.add_argument("--no-graphs", action="store_true", help="caprl without CUDA graphs (train.cuda_graphs: false)")
+    p.add_argument("--eager-too", action="store_true",
+                   help="also time caprl without CUDA graphs (what its whole-step capture gains)")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
     args = p.parse_args()
@@ -124,9 +131,11 @@ def main() -> None:
     rows = []
     for config in args.configs:
         for batch in args.batches:
-            mine, theirs, plain = [], [], []
+            mine, theirs, plain, eager = [], [], [], []
             for _ in range(args.rounds):
-                mine.append(run_caprl(paths, config, batch, args))
+                mine.append(run_caprl(paths, config, batch, args, graphs=not args.no_graphs))
+                if args.eager_too:
+                    eager.append(run_caprl(paths, config, batch, args, graphs=False))
                 if args.plain_autograd:
                     plain.append(run_caprl(paths, config, batch, args, plain=True))
                 if config in SCP_CONFIGS:
@@ -141,6 +150,9 @@ def main() -> None:
             if plain:
                 row["plain_ms"] = statistics.median(r["median_ms"] for r in plain)
                 row["plain_runs"] = plain
+            if eager:
+                row["eager_ms"] = statistics.median(r["median_ms"] for r in eager)
+                row["eager_runs"] = eager
             if theirs:
                 row["scp_ms"] = statistics.median(r["median_ms"] for r in theirs)
                 row["scp_ips"] = batch * 1000 / row["scp_ms"]
@@ -151,6 +163,7 @@ def main() -> None:
             report(rows, args)
             print(f"{config:16s} {batch:4d}  caprl {row['caprl_ms']:7.1f} ms"
                   + (f" (plain autograd {row['plain_ms']:7.1f} ms)" if plain else "")
+                  + (f" (no CUDA graphs {row['eager_ms']:7.1f} ms)" if eager else "")
                   + (f"  SCP {row['scp_ms']:7.1f} ms  ratio {row['ratio']:.2f}x" if theirs else ""), flush=True)
     if rows:
         print("\n" + report(rows, args))

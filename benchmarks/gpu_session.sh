@@ -15,17 +15,18 @@ python3 -c "import torch, caprl; print('torch', torch.__version__, torch.cuda.is
 PEERS=$PWD/.gpu/peers/self-critical.pytorch; CAPS=$PWD/.gpu/data/coco/karpathy_val5k_captions.json; W=/tmp/cmp
 START=$(date +%s); t() { echo "[$(( $(date +%s) - START )) s] $*"; }
 t "data set-up (background)"
-(python3 benchmarks/gpu_compare.py --peers "$PEERS" --captions "$CAPS" --work $W --setup --configs \
+(python3 benchmarks/gpu_compare.py --peers "$PEERS" --captions "$CAPS" --work $W --setup --steps 10 --warmup 5 --configs \
    > "$OUT/setup.txt" 2>&1; echo "setup rc $?" >> "$OUT/setup.txt") &
 SETUP=$!
 t "GPU tests"
-timeout ${GPU_TEST_S:-120} python3 -m pytest tests/test_gpu.py -m gpu -q -x -p no:cacheprovider -o addopts="" \
+timeout ${GPU_TEST_S:-150} python3 -m pytest tests/test_graphs.py tests/test_gpu.py -m gpu -q -x -p no:cacheprovider -o addopts="" \
   2>&1 | tail -40 > "$OUT/pytest_gpu.txt"; cat "$OUT/pytest_gpu.txt"
 wait $SETUP; cat "$OUT/setup.txt"
+# warm-up 5: the XE step is captured as a CUDA graph after 3 eager steps (caprl.training.graphs)
 compare() { timeout ${2:-300} python3 benchmarks/gpu_compare.py --peers "$PEERS" --captions "$CAPS" --work $W --device $DEVICE \
-          --json "$OUT/$1.json" --markdown "$OUT/$1.md" --steps 12 --warmup 3 --configs ${@:3}; }
-t "goal configurations"
-compare goal 180 scst-topdown xe-topdown
+          --json "$OUT/$1.json" --markdown "$OUT/$1.md" --steps 10 --warmup 5 --configs ${@:3}; }
+t "goal configurations (and caprl without graphs)"
+compare goal 260 scst-topdown xe-topdown --eager-too
 t "profile"
 timeout 45 python3 benchmarks/train_step.py --worker scst-topdown 50 --paths "$(python3 -c "
 import json; print(json.dumps({k: '$W/caprl/' + f for k, f in (('annotations', 'annotations.json'), ('vocab', 'vocab.json'),

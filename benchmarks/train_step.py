@@ -105,18 +105,18 @@ def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captio
 # --- one configuration, in its own process ------------------------------------------------
 def run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmup: int, device: str,
                amp: str, in_memory: bool, threads: int, profile: str | None = None,
-               plain_autograd: bool = False) -> dict[str, Any]:
+               plain_autograd: bool = False, cuda_graphs: bool = False) -> dict[str, Any]:
     """One configuration's timed steps; ``plain_autograd``: every layer as plain autograd (no
     weight-gradient tapes, :mod:`caprl.models.timeshared`), to measure what the tapes gain."""
     from caprl.models import timeshared
 
     with timeshared.disabled() if plain_autograd else contextlib.nullcontext():
-        out = _run_config(paths, config, batch, steps, warmup, device, amp, in_memory, threads, profile)
+        out = _run_config(paths, config, batch, steps, warmup, device, amp, in_memory, threads, profile, cuda_graphs)
     return {**out, "plain_autograd": plain_autograd}
 
 
 def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmup: int, device: str,
-                amp: str, in_memory: bool, threads: int, profile: str | None) -> dict[str, Any]:
+                amp: str, in_memory: bool, threads: int, profile: str | None, cuda_graphs: bool) -> dict[str, Any]:
     import torch
 
     from caprl.data.loader import CaptionData, DataPaths, Loading
@@ -140,7 +140,7 @@ def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warm
     env = ObjectiveEnv(decode_words=data.decode, reward=lambda _name: reward, max_length=MAX_LENGTH)
     objective = build_objective(method, OPTIONS[method], env, model)
     loop = LoopConfig(epochs=1, lr=OPTIONS[method]["lr"], batch_size=batch, grad_clip=2.0, checkpoint_every=10**9,
-                      log_every=10**9, max_length=MAX_LENGTH, seed=0, amp=amp)
+                      log_every=10**9, max_length=MAX_LENGTH, seed=0, amp=amp, cuda_graphs=cuda_graphs)
     with tempfile.TemporaryDirectory() as state_dir:
         trainer = Trainer(model, objective, data, loop, lambda m: {}, Path(state_dir),
                           RunMeta(arch, {}, data.vocab.sha256, ""), Tracker("bench", "bench", enabled=False),
@@ -169,6 +169,9 @@ def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warm
            "in_memory": in_memory, "images": len(data.split_ids("train")) + len(data.split_ids("val"))}
     if device.startswith("cuda"):
         out["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        graphed = trainer.graphed
+        out["cuda_graph"] = {"asked": cuda_graphs, "captured": bool(graphed and graphed.graph is not None),
+                             "replays": graphed.replays if graphed else 0, "failed": bool(graphed and graphed.failed)}
     return out
 
 
@@ -225,13 +228,16 @@ def main() -> None:
     parser.add_argument("--captions", type=Path, default=CAPTIONS, help="COCO-format captions (default: %(default)s)")
     parser.add_argument("--profile", help="worker only: profile two more steps into this file")
     parser.add_argument("--plain-autograd", action="store_true", help="worker only: no weight-gradient tapes")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="worker only: train.cuda_graphs (XE's whole step as a CUDA graph after 3 eager steps)")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     parser.add_argument("--in-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         result = run_config(json.loads(args.paths), args.worker[0], int(args.worker[1]), args.steps, args.warmup,
-                            args.device, args.amp, args.in_memory, args.threads, args.profile, args.plain_autograd)
+                            args.device, args.amp, args.in_memory, args.threads, args.profile, args.plain_autograd,
+                            args.cuda_graphs)
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -80,14 +80,15 @@ class NullTracker:
 
 def toy_trainer(objective: Any, model: Any, state_dir: Path, epochs: int = 2,
                 validate: Callable[[Any], dict[str, float]] | None = None,
-                init: dict[str, str] | None = None, dist: Any = None) -> Any:
-    """The real trainer on the toy data (8 images a batch, 2 steps an epoch); ``init``: the
+                init: dict[str, str] | None = None, dist: Any = None, cuda_graphs: bool = False,
+                batch_size: int = 8) -> Any:
+    """The real trainer on the toy data (8 images a batch: 2 steps an epoch); ``init``: the
     run's init roles (a run with one validates its starting weights as epoch 0); ``dist``: its
     process group (default: one process)."""
     from caprl.training.loop import LoopConfig, RunMeta, Trainer
 
-    loop = LoopConfig(epochs=epochs, lr=objective.options.lr, batch_size=8, grad_clip=2.0, checkpoint_every=100,
-                      log_every=100, max_length=6, seed=0)
+    loop = LoopConfig(epochs=epochs, lr=objective.options.lr, batch_size=batch_size, grad_clip=2.0,
+                      checkpoint_every=100, log_every=100, max_length=6, seed=0, cuda_graphs=cuda_graphs)
     meta = RunMeta(arch="fc", run={"name": objective.name, "method": objective.name, "init": dict(init or {})},
                    vocab_sha256="toy", config_hash=objective.name)
     return Trainer(model, objective, ToyData(), loop, validate or (lambda m: {"CIDEr-D": 0.0}), state_dir, meta,

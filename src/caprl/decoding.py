@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from caprl import captured
 from caprl.data.prefetch import Prefetcher
 from caprl.errors import CaprlError
 from caprl.models.base import Batch, CaptionModel, map_batch
@@ -254,8 +255,10 @@ DECODERS: Registry[Decoder] = Registry("decoder")
 
 @DECODERS.register("greedy")
 def greedy_decoder(model: CaptionModel, ctx: Batch, max_length: int, **_: Any) -> torch.Tensor:
-    """``[B, 1, T]``: the greedy caption of the last stage."""
-    return sample(model, ctx, max_length, greedy=True).last_stage().unsqueeze(1)
+    """``[B, 1, T]``: the greedy caption of the last stage (replayed from a CUDA graph under no_grad
+    on a GPU: :mod:`caprl.captured`)."""
+    return captured.run(model, ("greedy", max_length), lambda c: sample(model, c, max_length, greedy=True),
+                        ctx).last_stage().unsqueeze(1)
 
 
 @DECODERS.register("sample")

@@ -170,6 +170,29 @@ class CaptionModel(nn.Module):
         out = out.index_put((rows, cols), picked)
         return out.transpose(1, 2)
 
+    def token_logprobs_fixed(self, ctx: Batch, labels: torch.Tensor) -> torch.Tensor:
+        """:meth:`token_logprobs` (no scheduled sampling) with shapes that depend only on
+        ``labels.shape``: every row runs all T+1 steps (padding included, masked to 0 after its
+        end token) and nothing reads the device back, so a CUDA graph can capture it
+        (:mod:`caprl.training.graphs`). Same log-probabilities; more arithmetic, fewer launches."""
+        batch, length = labels.shape
+        gold = torch.cat([labels, labels.new_zeros(batch, 1)], dim=1)  # [B, T+1]
+        state = self.init_state(ctx)
+        prev = torch.zeros(batch, self.n_stages, dtype=torch.long, device=labels.device)
+        outs = []
+        for t in range(length + 1):
+            core = self.core(prev, ctx, state)
+            state = core.state
+            outs.append(core.out)
+            prev = gold[:, t : t + 1].expand(batch, self.n_stages)
+        logits = self.head(torch.stack(outs, dim=1))  # [B, T+1, S, V]
+        target = gold.unsqueeze(-1).expand(-1, -1, logits.shape[2])  # [B, T+1, S]
+        picked = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                  reduction="none").view(target.shape)
+        lengths = (labels > 0).sum(dim=1, keepdim=True)  # the end token's position
+        live = torch.arange(length + 1, device=labels.device).unsqueeze(0) <= lengths  # [B, T+1]
+        return (picked * live.unsqueeze(-1)).transpose(1, 2)
+
     @staticmethod
     def _scheduled(logits: torch.Tensor, gold: torch.Tensor, sample_prob: float,
                    generator: torch.Generator | None) -> torch.Tensor:

@@ -41,6 +41,12 @@ def _count_optimiser_step(*_: Any) -> None:
 register_optimizer_step_post_hook(_count_optimiser_step)
 
 
+def weights_changed() -> None:
+    """Every cached joined weight is made again at its next use: an optimiser step ran without its
+    Python hooks (a replayed CUDA graph, :mod:`caprl.training.graphs`)."""
+    _count_optimiser_step()
+
+
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """Plain autograd for every layer (the reference the tests compare against)."""

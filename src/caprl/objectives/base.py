@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from caprl import decoding
+from caprl import captured, decoding
 from caprl.data.batch import Batch
 from caprl.decoding import Samples
 from caprl.errors import CaprlError
@@ -141,6 +141,17 @@ class Objective(nn.Module):
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
+    def fixed_step(self, batch: Batch) -> bool:
+        """True if :meth:`fixed_loss` computes this batch's loss: shapes fixed by the batch's and
+        nothing read back from the device, so that a CUDA graph can capture the whole step
+        (:mod:`caprl.training.graphs`). False (the default) where the method cannot (its rewards are
+        scored on the host, its decode ends early): the trainer then steps eagerly."""
+        return False
+
+    def fixed_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`loss` as :meth:`fixed_step` promises it, its metrics as tensors."""
+        raise NotImplementedError(f"objective {self.name or type(self).__name__} has no fixed-shape loss")
+
     def turn_loss(self, model: CaptionModel, batch: Batch, turn: str) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of one of :attr:`turns` (objectives with turns implement this, not :meth:`loss`)."""
         raise NotImplementedError(f"objective {self.name or type(self).__name__} has no turn '{turn}'")
@@ -166,8 +177,9 @@ class Objective(nn.Module):
         samples per image (train mode, differentiable), from one encoding of the images."""
         ctx = model.encode(batch.pooled, batch.regions)
         model.eval()
-        with torch.no_grad():
-            greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
+        with torch.no_grad():  # replayed from a CUDA graph on a GPU (caprl.captured)
+            greedy = captured.run(model, ("greedy", self.env.max_length),
+                                  lambda c: decoding.sample(model, c, self.env.max_length, greedy=True), ctx)
         model.train()
         samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise,
                                   keep_entropy=keep_entropy)

@@ -54,7 +54,7 @@ class CrossEntropy(Objective):
         # encode each image once, then one row per gold caption (5x less encoder work on COCO)
         ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
         step = batch.noise.step if batch.noise is not None else 0
-        prob = sampling_probability(step // max(1, int(self.env.extras.get("steps_per_epoch", 1))), self.options)
+        prob = self._sampling(batch)
         generator = None
         if prob > 0:
             seed = batch.noise.seed if batch.noise is not None else 0
@@ -66,4 +66,22 @@ class CrossEntropy(Objective):
         metrics["xe"] = float(per_stage[-1].detach())
         if prob > 0:
             metrics["ss_prob"] = prob
+        return per_stage.sum(), metrics
+
+    def _sampling(self, batch: Batch) -> float:
+        step = batch.noise.step if batch.noise is not None else 0
+        return sampling_probability(step // max(1, int(self.env.extras.get("steps_per_epoch", 1))), self.options)
+
+    def fixed_step(self, batch: Batch) -> bool:
+        return self._sampling(batch) == 0  # scheduled sampling draws its words step by step
+
+    def fixed_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`loss` without scheduled sampling, every row run to the full length (a CUDA graph
+        captures the whole step: :mod:`caprl.training.graphs`); the metrics stay tensors."""
+        ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
+        nll = -model.token_logprobs_fixed(ctx, batch.labels)
+        mask = token_mask(batch.labels)
+        per_stage = torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
+        metrics = {f"xe_stage{s}": per_stage[s].detach() for s in range(len(per_stage))} if len(per_stage) > 1 else {}
+        metrics["xe"] = per_stage[-1].detach()
         return per_stage.sum(), metrics

@@ -28,13 +28,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from caprl import checkpoint, decoding
+from caprl import captured, checkpoint, decoding
 from caprl.errors import CaprlError
 from caprl.models import CaptionModel, timeshared
 from caprl.objectives import Objective
 from caprl.data.batch import Batch
 from caprl.data.loader import CaptionData
 from caprl.data.prefetch import Prefetcher
+from caprl.training import graphs
 from caprl.training.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class LoopConfig:
     amp: str = "none"  # "bf16": the loss under bfloat16 autocast (weights, optimiser and rewards stay float32)
     prefetch: int = 2  # batches read ahead by a background thread
     patience: int = 0  # early stopping: end when this many epochs in a row beat no earlier one on val (0: never)
+    cuda_graphs: bool = False  # on CUDA: a fixed-shape objective's whole step as one CUDA graph (caprl.training.graphs)
 
 
 @dataclass
@@ -147,10 +149,19 @@ class Trainer:
         self.loss_fn: torch.nn.Module = LossModule(self.model, objective).to(self.dist.device)
         self.modules: dict[str, torch.nn.Module] = {checkpoint.MODEL: model, **objective.modules_to_save()}
         groups = objective.param_groups(model)
+        self.clipped = [g["params"] for g in groups]  # each module clipped on its own
         # one fused kernel per step instead of a loop over parameters (torch keeps each group's
         # "name" in its state)
-        self.optimizer = torch.optim.Adam(groups, fused=_fused_adam(groups, self.dist.device))
-        self.clipped = [g["params"] for g in groups]  # each module clipped on its own
+        fused = _fused_adam(groups, self.dist.device)
+        captured.set_enabled(config.cuda_graphs)  # greedy decodes (SCST's baseline, validation) on a GPU
+        self.graphed: graphs.GraphedStep | None = None  # the whole step as a CUDA graph, where it can be
+        if (config.cuda_graphs and self.dist.device.type == "cuda" and not self.dist.active and config.amp == "none"
+                and not objective.turns and type(objective).fixed_step is not Objective.fixed_step):
+            self.optimizer = graphs.capturable_adam(groups, self.dist.device, fused)
+            self.graphed = graphs.graphed_step(objective, model, self.loss_fn, self.optimizer, self.clipped,
+                                               config.grad_clip, self.dist.device)
+        else:
+            self.optimizer = torch.optim.Adam(groups, fused=fused)
         self.base_lrs = [float(g["lr"]) for g in groups]  # each group's rate before any decay
         self.starts_from_init = bool(meta.run.get("init"))  # validate the starting weights (epoch 0)
         self.pos = Position()
@@ -175,7 +186,7 @@ class Trainer:
                                      position=position, made_from=self.meta.made_from)
         if with_state:
             position["epoch_losses"] = list(self.pos.epoch_losses)
-            ckpt.optimizer = self.optimizer.state_dict()
+            ckpt.optimizer = graphs.plain_state_dict(self.optimizer)
             ckpt.rng = {"cpu": self.dist.gather(torch.get_rng_state())}  # one state per process
             if self.dist.device.type == "cuda":
                 ckpt.rng["cuda"] = self.dist.gather(torch.cuda.get_rng_state(self.dist.device).cpu())
@@ -243,8 +254,7 @@ class Trainer:
         if self.starts_from_init and self.pos.step == 0 and not self.pos.history:  # fresh, not resumed
             self._score_start()
         while self.pos.epoch < cfg.epochs and not self._out_of_patience():
-            for group, lr in zip(self.optimizer.param_groups, self.lrs(self.pos.epoch)):
-                group["lr"] = lr  # also after a resume mid-epoch (the state's rates are overwritten alike)
+            self._set_lrs(self.lrs(self.pos.epoch))  # also after a resume mid-epoch (the state's rates are overwritten)
             order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
             started = time.time()
             bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
@@ -266,6 +276,13 @@ class Trainer:
             bar.close()
             self._end_epoch(list(self.pos.epoch_losses), time.time() - started)
         return self.pos
+
+    def _set_lrs(self, lrs: list[float]) -> None:
+        """Every group's rate; a graphed step reads each rate from a device tensor, written in place."""
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            if self.graphed is not None and not isinstance(group["lr"], torch.Tensor):  # a resume loaded floats
+                group["lr"] = torch.tensor(lr, device=self.dist.device)
+            graphs.set_lr(group, lr)
 
     def _out_of_patience(self) -> bool:
         """Early stopping: ``patience`` epochs since the best (the start counts as epoch 0); a pure
@@ -297,6 +314,9 @@ class Trainer:
         self.loss_fn.train()
         batch, offset = loaded
         batch.noise = decoding.Noise(self.config.seed, self.pos.step, total=len(image_ids), offset=offset)
+        if self.graphed is not None and (out := self.graphed.run(batch)) is not None:
+            loss_t, tensors = out  # read after the replay (one wait for the device per step, as below)
+            return {"loss": float(loss_t), **{k: float(v) for k, v in tensors.items()}}
         if not self.objective.turns:
             loss, metrics = self._update(batch, None)
             return self.dist.mean_metrics({"loss": loss, **metrics})

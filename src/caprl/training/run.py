@@ -204,7 +204,8 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     loop = LoopConfig(epochs=objective.options.epochs, lr=objective.options.lr, batch_size=t["batch_size"],
                       grad_clip=t["grad_clip"], checkpoint_every=t["checkpoint_every"], log_every=t["log_every"],
                       max_length=params["decode"]["max_length"], seed=params["seed"], amp=t["amp"],
-                      prefetch=params["loading"]["prefetch"], patience=t.get("patience", 0))
+                      prefetch=params["loading"]["prefetch"], patience=t.get("patience", 0),
+                      cuda_graphs=t.get("cuda_graphs", False))
     record = run_record(spec, dataset, run)
     reward_name = spec.options.get("reward")
     meta = RunMeta(arch=arch, run=record, vocab_sha256=data.vocab.sha256,
