@@ -101,7 +101,7 @@ def test_run_spec_merges_options_over_the_method_defaults() -> None:
         init={"model": "fc-xe"},
         datasets=["synthetic"], decode=params["decode"], source="fc-pg_spider-bcmr")
     xe = params_mod.run_spec(params, "fc-xe").options
-    assert xe == {**params["objectives"]["xe"], **params["runs"]["fc-xe"]["options"]} and xe["epochs"] == 50
+    assert xe == {**params["objectives"]["xe"], **params["runs"]["fc-xe"]["options"]} and xe["epochs"] == 36
     with pytest.raises(CaprlError, match="unknown run 'nope'"):
         params_mod.run_spec(params, "nope")
 

@@ -52,9 +52,10 @@ def score(params: dict[str, Any], run: str, dataset: str, metrics: dict[str, flo
 
 
 def all_scores(params: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """A score file (with a diversity section) for every XE and SLL-family run of fc and topdown."""
+    """A score file (with a diversity section) for every XE, SCST (the SLL rows) and SLL-family run of fc
+    and topdown."""
     runs = [r for r, e in params["runs"].items() if e["model"] in ("fc", "topdown")
-            and e["method"] in ("xe", "sll", "sll_sle")]
+            and e["method"] in ("xe", "scst", "sll", "sll_sle")]
     return {run: score(params, run, dataset) for run in runs}
 
 
@@ -111,8 +112,8 @@ def test_rows_are_found_by_method_and_entropy_not_by_name() -> None:
     scores = {new[r]: {**s, "run": new[r]} for r, s in all_scores(sle_params(), "synthetic").items()}
     scores[new["fc-sll_me"]]["metrics"] = {"METEOR": 0.2}
     table = sle_table2(params, "synthetic", scores)
-    assert labels(table) == [f"fc (SLL) [{new['fc-sll']}]", f"fc (SLL-ME) [{new['fc-sll_me']}]",
-                             f"fc (SLL-SLE) [{new['fc-sll_sle']}]", f"topdown (SLL*) [{new['topdown-sll']}]",
+    assert labels(table) == [f"fc (SLL) [{new['fc-scst']}]", f"fc (SLL-ME) [{new['fc-sll_me']}]",
+                             f"fc (SLL-SLE) [{new['fc-sll_sle']}]", f"topdown (SLL*) [{new['topdown-scst']}]",
                              f"topdown (SLL-ME*) [{new['topdown-sll_me']}]",
                              f"topdown (SLL-SLE*) [{new['topdown-sll_sle']}]"]
     assert rows(table)[f"fc (SLL-ME) [{new['fc-sll_me']}]"][0].ours == pytest.approx(20.0)
@@ -120,8 +121,10 @@ def test_rows_are_found_by_method_and_entropy_not_by_name() -> None:
     params["runs"]["x"] = {"method": "sll", "model": "fc", "options": {"entropy": 0.0}}
     params["runs"]["y"] = {"method": "sll", "model": "fc", "options": {"entropy": 0.1}}
     got = labels(sle_table2(params, "synthetic", scores))
-    assert got[:5] == [f"fc (SLL) [{new['fc-sll']}]", "fc (SLL) [x]", f"fc (SLL-ME) [{new['fc-sll_me']}]",
-                       "fc (SLL-ME) [y]", f"fc (SLL-SLE) [{new['fc-sll_sle']}]"]
+    # (a model's scst run is its SLL row only where it has no sll run of entropy 0)
+    assert got[:4] == ["fc (SLL) [x]", f"fc (SLL-ME) [{new['fc-sll_me']}]", "fc (SLL-ME) [y]",
+                       f"fc (SLL-SLE) [{new['fc-sll_sle']}]"]
+    assert f"topdown (SLL*) [{new['topdown-scst']}]" in got
 
 
 def test_missing_run_or_kind_shows_a_dash() -> None:
@@ -174,9 +177,9 @@ def test_table2_carries_the_paper_numbers_on_coco_only() -> None:
     fc_sle = cells["fc (SLL-SLE) [fc-sll_sle]"]
     assert [(c.ours, c.paper) for c in fc_sle[:2]] == [(pytest.approx(27.0), 27.0), (pytest.approx(115.0), 117.2)]
     assert texts(fc_sle) == ["27.0 (paper 27.0, +0.0)", "115.0 (paper 117.2, -2.2)", "— (paper 20.3)"]
-    assert texts(cells["fc (SLL) [fc-sll]"])[:2] == ["27.0 (paper 26.8, +0.2)", "115.0 (paper 115.0, +0.0)"]
+    assert texts(cells["fc (SLL) [fc-scst]"])[:2] == ["27.0 (paper 26.8, +0.2)", "115.0 (paper 115.0, +0.0)"]
     assert [c.paper for c in cells["fc (SLL-ME) [fc-sll_me]"]] == [26.8, 115.6, 20.1]
-    assert [c.paper for c in cells["topdown (SLL*) [topdown-sll]"]] == [26.6, 117.2, 19.4]  # the * rows
+    assert [c.paper for c in cells["topdown (SLL*) [topdown-scst]"]] == [26.6, 117.2, 19.4]  # the * rows
     assert [c.paper for c in cells["topdown (SLL-ME*) [topdown-sll_me]"]] == [26.7, 117.9, 19.5]
     assert [c.paper for c in cells["topdown (SLL-SLE*) [topdown-sll_sle]"]] == [27.0, 119.6, 19.9]
     assert "SPICE: not computed (java not found on PATH)." in table.notes
@@ -195,10 +198,10 @@ def test_table3_carries_the_paper_numbers_on_tgif_only() -> None:
     assert labels(table)[:2] == ["Official [15] [paper]", "Show-adapt [7] [paper]"]
     assert texts(cells["Show-adapt [7] [paper]"]) == ["— (paper 16.2)", "— (paper 29.8)", "—"]
     # the text's assignment of the printed-swapped rows (see the next test)
-    assert texts(cells["fc (SLL) [fc-sll]"])[:2] == ["27.0 (paper 18.2, +8.8)", "115.0 (paper 48.1, +66.9)"]
+    assert texts(cells["fc (SLL) [fc-scst]"])[:2] == ["27.0 (paper 18.2, +8.8)", "115.0 (paper 48.1, +66.9)"]
     assert [c.paper for c in cells["fc (SLL-ME) [fc-sll_me]"]] == [17.8, 45.9, 15.9]
     assert [c.paper for c in cells["fc (SLL-SLE) [fc-sll_sle]"]] == [18.8, 50.8, 16.6]
-    assert all(c.paper is None for c in cells["topdown (SLL*) [topdown-sll]"])  # the paper has no attention rows
+    assert all(c.paper is None for c in cells["topdown (SLL*) [topdown-scst]"])  # the paper has no attention rows
     assert "no paper numbers for topdown (with attention)" in " ".join(table.notes)
     assert "TGIF" in " ".join(table.notes) and "Table 3" in table.title
     for ds in ("synthetic_video", "coco"):
@@ -217,7 +220,7 @@ def test_table4_rows_cells_and_paper_numbers_on_coco() -> None:
     table = sle_table4(params, "coco", scores)
     assert table.columns == ["CIDEr-D", "Div-1", "Div-2", "mBLEU-4"]
     fc = [f"fc ({kind}, {d}) [fc-{run}]" for d in ("rs", "bs")
-          for kind, run in [("XE", "xe"), ("SLL", "sll"), ("SLL-ME", "sll_me"), ("SLL-SLE", "sll_sle")]]
+          for kind, run in [("XE", "xe"), ("SLL", "scst"), ("SLL-ME", "sll_me"), ("SLL-SLE", "sll_sle")]]
     assert labels(table)[:8] == fc
     assert labels(table)[8] == "topdown (XE*, rs) [topdown-xe]" and len(labels(table)) == 16 + 3
     cells = rows(table)
@@ -246,16 +249,16 @@ def test_table4_has_no_paper_numbers_elsewhere(dataset: str) -> None:
 def test_table4_without_diversity_says_not_evaluated() -> None:
     params = sle_params()
     scores = all_scores(params, "coco")
-    scores["fc-sll"] = score(params, "fc-sll", "coco", with_diversity=False)  # scored before the section existed
+    scores["fc-scst"] = score(params, "fc-scst", "coco", with_diversity=False)  # scored before the section existed
     scores["fc-xe"]["diversity"].pop("bs")
     cells = rows(sle_table4(params, "coco", scores))
     for d in ("rs", "bs"):
-        row = cells[f"fc (SLL, {d}) [fc-sll]"]
+        row = cells[f"fc (SLL, {d}) [fc-scst]"]
         assert all(c.ours is None for c in row)
         assert [t.split(" (paper")[0] for t in texts(row)] == ["not evaluated"] * 4
     assert texts(cells["fc (XE, bs) [fc-xe]"])[0] == "not evaluated (paper 102.5)"
     assert cells["fc (XE, rs) [fc-xe]"][0].ours == pytest.approx(102.0)
-    assert rows(sle_table2(params, "coco", scores))["fc (SLL) [fc-sll]"][1].ours == pytest.approx(115.0)
+    assert rows(sle_table2(params, "coco", scores))["fc (SLL) [fc-scst]"][1].ours == pytest.approx(115.0)
 
 
 def test_table4_bs_cider_is_the_top_beams() -> None:
@@ -265,18 +268,18 @@ def test_table4_bs_cider_is_the_top_beams() -> None:
     search: the same top beam); with another width, "not evaluated"; a note says which."""
     params = sle_params()
     scores = all_scores(params, "coco")
-    for run in ("fc-sll", "fc-sll_me"):
+    for run in ("fc-scst", "fc-sll_me"):
         scores[run]["diversity"]["settings"].pop("precision")  # an older score file: bs = the mean
     scores["fc-sll_me"]["beam_size"] = 3  # its main score is not a beam-5 search
     table = sle_table4(params, "coco", scores)
     cells = rows(table)
     assert texts(cells["fc (SLL-SLE, bs) [fc-sll_sle]"])[0] == "110.0 (paper 117.2, -7.2)"  # its top-beam value
-    assert texts(cells["fc (SLL, bs) [fc-sll]"])[0] == "115.0 (paper 115.0, +0.0)"  # metrics CIDEr-D, not 110.0
-    assert cells["fc (SLL, rs) [fc-sll]"][0].ours == pytest.approx(102.0)  # rs: the mean, as written
+    assert texts(cells["fc (SLL, bs) [fc-scst]"])[0] == "115.0 (paper 115.0, +0.0)"  # metrics CIDEr-D, not 110.0
+    assert cells["fc (SLL, rs) [fc-scst]"][0].ours == pytest.approx(102.0)  # rs: the mean, as written
     assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[0] == "not evaluated (paper 115.6)"
     assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[1:] == ["0.27 (paper 0.26, +0.01)", "0.36 (paper 0.34, +0.02)",
                                                               "0.76 (paper 0.79, -0.03)"]
-    assert ("fc-sll: its bs CIDEr-D is its beam-5 test CIDEr-D, the top beam's (its older diversity section "
+    assert ("fc-scst: its bs CIDEr-D is its beam-5 test CIDEr-D, the top beam's (its older diversity section "
             "holds the mean over the captions).") in table.notes
     assert ("fc-sll_me: bs CIDEr-D not evaluated: its diversity section holds the mean over the captions, not "
             "the top beam's (re-run its evaluation).") in table.notes
@@ -286,9 +289,9 @@ def test_table4_bs_cider_is_the_top_beams() -> None:
 def test_table4_notes_other_diversity_settings() -> None:
     params = sle_params()
     scores = all_scores(params, "synthetic")
-    scores["fc-sll"]["diversity"]["settings"]["samples"] = 3
+    scores["fc-scst"]["diversity"]["settings"]["samples"] = 3
     notes = sle_table4(params, "synthetic", scores).notes
-    assert "fc-sll: diversity evaluated with samples = 3 (params: samples = 5)." in notes
+    assert "fc-scst: diversity evaluated with samples = 3 (params: samples = 5)." in notes
 
 
 # ---------------------------------------------------------------- Fig. 2 / 4
@@ -306,13 +309,13 @@ def test_samples_side_by_side_for_the_same_images() -> None:
     for i in (7, 3):
         for k in range(5):
             assert texts(cells[f"fc, image {i}, {k + 1}"]) == [f"fc-xe sample {k} of image {i}",
-                                                               f"fc-sll sample {k} of image {i}",
+                                                               f"fc-scst sample {k} of image {i}",
                                                                f"fc-sll_sle sample {k} of image {i}",
                                                                f"reference {k} of image {i}"]
     assert texts(cells["fc, image 9, 1"]) == ["fc-xe sample 0 of image 9", "—", "—", "reference 0 of image 9"]
-    assert "fc-sll: no example for image 9." in table.notes
+    assert "fc-scst: no example for image 9." in table.notes
     assert texts(cells["topdown, image 3, 2"])[:3] == ["topdown-xe sample 1 of image 3",
-                                                       "topdown-sll sample 1 of image 3",
+                                                       "topdown-scst sample 1 of image 3",
                                                        "topdown-sll_sle sample 1 of image 3"]
     assert "ids from fc-xe" in table.notes[0]
 
@@ -321,8 +324,8 @@ def test_samples_missing_or_unevaluated_runs() -> None:
     params = sle_params()
     scores = all_scores(params, "synthetic")
     del scores["fc-xe"]
-    scores["fc-sll"] = score(params, "fc-sll", "synthetic", with_diversity=False)
-    for run in ("topdown-xe", "topdown-sll", "topdown-sll_sle"):
+    scores["fc-scst"] = score(params, "fc-scst", "synthetic", with_diversity=False)
+    for run in ("topdown-xe", "topdown-scst", "topdown-sll_sle"):
         del scores[run]
     table = sle_samples(params, "synthetic", scores)
     cells = rows(table)
@@ -340,7 +343,7 @@ def test_every_rendering(dataset: str) -> None:
     params = sle_params()
     scores = all_scores(params, dataset)
     scores["fc-sll_me"].pop("diversity")
-    scores["topdown-sll"]["diversity"]["examples"][0]["rs"][0] = "a 50% cut & paste_caption #1"
+    scores["topdown-scst"]["diversity"]["examples"][0]["rs"][0] = "a 50% cut & paste_caption #1"
     for build in (sle_table2, sle_table3, sle_table4, sle_samples):
         table = build(params, dataset, scores)
         md, csv, tex = table.markdown(), table.csv(), table.latex()
@@ -349,7 +352,8 @@ def test_every_rendering(dataset: str) -> None:
         assert len(csv.splitlines()) == len(table.rows) + 1 and "\\end{tabular}" in tex
     samples = sle_samples(params, dataset, scores)
     assert "fc-sll_sle sample 4 of image 7" in samples.csv()
-    assert "| fc, image 3, 1 | fc-xe sample 0 of image 3 | fc-sll sample 0 of image 3 |" in samples.markdown()
+    sll = "fc-sll-video" if dataset == "synthetic_video" else "fc-scst"  # an sll run first, else the scst run
+    assert f"| fc, image 3, 1 | fc-xe sample 0 of image 3 | {sll} sample 0 of image 3 |" in samples.markdown()
     assert "a 50\\% cut \\& paste\\_caption \\#1" in samples.latex()
     t4 = sle_table4(params, dataset, scores)
     assert "| fc (SLL-ME, rs) [fc-sll_me] | not evaluated" in t4.markdown()

@@ -133,14 +133,14 @@ def test_an_enabled_tgif_dataset_is_planned_and_its_raw_file_asked_for() -> None
 
 def test_a_dataset_lists_its_runs_and_a_bad_name_is_an_error() -> None:
     params = default_params()
-    params["datasets"]["synthetic_video"]["runs"] = ["fc-xe", "fc-sll"]
+    params["datasets"]["synthetic_video"]["runs"] = ["fc-xe", "fc-scst"]
     plan = wp.build_plan(params)
-    assert [job.run for job in plan.trained("synthetic_video")] == ["fc-xe", "fc-sll"]
+    assert [job.run for job in plan.trained("synthetic_video")] == ["fc-xe", "fc-scst"]
     params["datasets"]["synthetic_video"]["runs"] = ["fc-xe", "fc-sl"]
     with pytest.raises(CaprlError, match="datasets.synthetic_video.runs: 'fc-sl' is not a run"):
         wp.build_plan(params)
-    params["datasets"]["synthetic_video"]["runs"] = ["fc-sll"]  # its init run does not train there
-    with pytest.raises(CaprlError, match="runs.fc-sll.init.model: run 'fc-xe' does not train on synthetic_video"):
+    params["datasets"]["synthetic_video"]["runs"] = ["fc-scst"]  # its init run does not train there
+    with pytest.raises(CaprlError, match="runs.fc-scst.init.model: run 'fc-xe' does not train on synthetic_video"):
         wp.build_plan(params)
 
 
