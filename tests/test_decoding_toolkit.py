@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -113,3 +115,69 @@ def test_decode_split_covers_every_image_once_in_batches() -> None:
         assert tokens.shape[0] == len(ids) <= 3
         seen += ids
     assert seen == list(lookup)
+
+
+@pytest.mark.parametrize("arch", ["fc", "topdown", "stackcap"])
+def test_ended_rows_leave_a_cpu_decode_and_nothing_changes(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """caprl.live_rows: in eval mode on a CPU the decode drops ended rows as it goes; the captions and
+    masks equal those of stepping every row, the log-probabilities and entropies to 1e-6 (a product
+    over fewer rows may round its last bit otherwise)."""
+    from caprl import live_rows
+    from caprl.models import MODELS, build_model
+
+    torch.manual_seed(0)
+    fields = MODELS.get(arch).config_class.__dataclass_fields__
+    options = {k: v for k, v in {"embed_size": 16, "hidden_size": 32, "att_hidden_size": 16}.items() if k in fields}
+    model = build_model(arch, {**options, "dropout": 0.5}, 12, 8, 4).eval()
+    for name, p in model.named_parameters():  # the end token likely at every step: captions of every length
+        if name.endswith("bias") and p.shape[0] == 12:
+            with torch.no_grad():
+                p[0] += 2.0
+    ctx = model.encode(torch.randn(20, 8), torch.randn(20, 4, 8))
+    shrinks = []
+    real = live_rows.LiveRows.shrink
+
+    def counted(self: Any, *args: Any) -> Any:
+        out = real(self, *args)
+        shrinks.append(out is not None)
+        return out
+
+    monkeypatch.setattr(live_rows.LiveRows, "shrink", counted)
+    runs = []
+    for at in (live_rows.SHRINK_AT, -1.0):  # -1: never shrink (every row stepped to the end)
+        monkeypatch.setattr(live_rows, "SHRINK_AT", at)
+        noisy = decoding.sample(model, ctx, 10, n=3, noise=decoding.Noise(seed=2, step=1, total=20), keep_entropy=True)
+        greedy = decoding.sample(model, ctx, 10, greedy=True)
+        runs.append((noisy, greedy))
+    assert any(shrinks)
+    (a, ga), (b, gb) = runs
+    for x, y in ((a, b), (ga, gb)):
+        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.mask, y.mask)
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-6, rtol=1e-6)
+        assert (x.attention is None) == (y.attention is None)
+    torch.testing.assert_close(a.entropy, b.entropy, atol=1e-6, rtol=1e-6)
+    assert 0 < float(a.mask.sum(-1).min()) < float(a.mask.sum(-1).max()) < 10  # captions of several lengths
+
+
+def test_a_decode_in_train_mode_steps_every_row() -> None:
+    """Dropout draws its masks per stepped row: in train mode no row leaves (same numbers as always)."""
+    from caprl import live_rows
+    from caprl.models import build_model
+
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.5}, 12, 8, 4).train()
+    seen = []
+    real = live_rows.LiveRows.__init__
+
+    def spy(self: Any, rows: int, enabled: bool) -> None:
+        seen.append(enabled)
+        real(self, rows, enabled)
+
+    live_rows.LiveRows.__init__ = spy  # type: ignore[method-assign]
+    try:
+        decoding.sample(model, model.encode(torch.randn(4, 8), torch.randn(4, 4, 8)), 6, n=2,
+                        noise=decoding.Noise(seed=2, step=1, total=4))
+        model.eval()
+        decoding.sample(model, model.encode(torch.randn(4, 8), torch.randn(4, 4, 8)), 6, greedy=True)
+    finally:
+        live_rows.LiveRows.__init__ = real  # type: ignore[method-assign]
+    assert seen == [False, True]

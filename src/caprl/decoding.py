@@ -31,6 +31,7 @@ from tqdm import tqdm
 from caprl import captured
 from caprl.data.prefetch import Prefetcher
 from caprl.errors import CaprlError
+from caprl.live_rows import LiveRows
 from caprl.models.base import Batch, CaptionModel, map_batch
 from caprl.registry import Registry
 from caprl.relaxation import (ESTIMATORS, FEEDS, Estimator, RelaxedStep, partial_mask, partial_token_mask,  # noqa: F401
@@ -156,9 +157,15 @@ def rollout(
     rows = prev.shape[0]
     relaxed_of = relaxed_at(relaxed, rows, steps) if estimator is not None else (lambda i: None)
     stop_early = prev.device.type == "cpu"  # on CUDA, .all() would wait for the device
+    # on a CPU, ended rows leave the batch (caprl.live_rows) in eval mode (in train mode dropout draws
+    # its masks per stepped row); not where every row's state or hidden is kept, nor for an estimator's
+    # relaxed rows or the global RNG's samples (drawn per stepped row too)
+    live_rows = LiveRows(rows, stop_early and not model.training and estimator is None and not keep_states
+                         and not keep_hidden and (greedy or noise is not None))
+    ctx = at.ctx
     tokens, logprobs, masks, entropies, attentions, hiddens, softs, after = [], [], [], [], [], [], [], []
     for i in range(steps):
-        out = model.step(prev, at.ctx, state)
+        out = model.step(prev, ctx, state)
         state = out.state
         scaled = out.logprobs if temperature == 1.0 else torch.log_softmax(out.logprobs / temperature, dim=-1)
         fed: torch.Tensor | None = None
@@ -169,19 +176,19 @@ def rollout(
             softs.append(relaxed_step.passed())
             word, fed = feed_fn(relaxed_step)
         elif noise is not None:
-            gumbel = noise.gumbel(at.t + i, rows, per_image, tuple(scaled.shape[1:]), scaled.device)
+            gumbel = live_rows.of(noise.gumbel(at.t + i, rows, per_image, tuple(scaled.shape[1:]), scaled.device))
             word = (scaled.detach() + gumbel).argmax(dim=-1)
         else:
             word = torch.multinomial(scaled.detach().exp().view(-1, scaled.shape[-1]), 1).view(rows, -1)
         word = word.masked_fill(finished, 0)
         live = (~finished).to(scaled.dtype)
-        masks.append(live)
-        logprobs.append(scaled.gather(-1, word.unsqueeze(-1)).squeeze(-1) * live)
+        masks.append(live_rows.full(live))
+        logprobs.append(live_rows.full(scaled.gather(-1, word.unsqueeze(-1)).squeeze(-1) * live))
         if keep_entropy:
-            entropies.append(-(scaled.exp() * scaled).sum(dim=-1) * live)
-        tokens.append(word)
+            entropies.append(live_rows.full(-(scaled.exp() * scaled).sum(dim=-1) * live))
+        tokens.append(live_rows.full(word))
         if out.attention is not None:
-            attentions.append(out.attention)
+            attentions.append(live_rows.full(out.attention))
         if keep_hidden:
             hiddens.append(out.hidden)
         finished = finished | (word == 0)
@@ -192,6 +199,9 @@ def rollout(
             after.append(DecodeState(at.ctx, state, prev, finished, at.t + i + 1))
         if stop_early and bool(finished.all()):
             break
+        shrunk = live_rows.shrink(finished, ctx, state, prev, finished)
+        if shrunk is not None:
+            ctx, state, prev, finished = shrunk
     if noise is not None and not greedy and estimator is None:
         noise.calls += 1
     return Samples(
