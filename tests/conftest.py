@@ -51,7 +51,7 @@ TINY["runs"] = {run: {"options": {"epochs": TINY["objectives"][spec["method"]]["
 TINY_VIDEO: dict[str, Any] = {  # the built-in video set, tiny, with an attention model (it attends over frames)
     "enabled": True,
     "synthetic": {"n_train": 40, "n_val": 8, "n_test": 8, "image_size": 32, "max_objects": 2, "frames": 4},
-    "runs": ["fc-xe", "fc-sll", "fc-sll_me", "fc-sll_sle", "topdown-xe", "topdown-sll_sle"],
+    "runs": ["fc-xe", "fc-scst", "fc-sll_me", "fc-sll_sle", "topdown-xe", "topdown-sll_sle"],  # fc-scst: SLL
 }
 
 

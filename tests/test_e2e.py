@@ -128,7 +128,7 @@ def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
     assert not list(tables.glob(f"{VIDEO}_stackcap*"))  # the video set's own tables: params' datasets.<name>.tables
     for ds, table in (("synthetic", "sle_table2"), (VIDEO, "sle_table3")):
         md = (tables / f"{ds}_{table}.md").read_text()
-        for run_name in ("fc-sll", "fc-sll_me", "fc-sll_sle", "topdown-sll_sle"):
+        for run_name in ("fc-scst", "fc-sll_me", "fc-sll_sle", "topdown-sll_sle"):  # SLL: fc-scst
             row = next(line for line in md.splitlines() if f"[{run_name}]" in line)
             assert row.split("|")[3].strip()[0].isdigit(), row  # CIDEr-D column filled
     for ds in PLAN.datasets:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from caprl.models import timeshared
+from caprl.models.base import map_batch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,16 +55,10 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
-    """``fn`` on every tensor of nested tuples, lists, dicts and dataclasses (a decode's Samples)."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _map(fn, v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map(fn, v) for v in obj)
+    """:func:`~caprl.models.base.map_batch`, also into the fields of a dataclass (a decode's Samples)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _map(fn, getattr(obj, f.name)) for f in dataclasses.fields(obj)})
-    return obj
+        return dataclasses.replace(obj, **{f.name: map_batch(fn, getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+    return map_batch(fn, obj)
 
 
 class _Graph:
