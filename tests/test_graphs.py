@@ -66,7 +66,7 @@ def test_scheduled_sampling_and_methods_with_host_rewards_step_eagerly() -> None
     assert sampled.fixed_step(batch)  # epoch 0: no sampling yet
     batch.noise = Noise(seed=0, step=3, total=2)  # epoch 3 (1 step an epoch): sampling
     assert not sampled.fixed_step(batch)
-    step = graphs.GraphedStep(lambda b: sampled.fixed_loss(model, b), sampled.fixed_step, model,
+    step = graphs.GraphedStep(lambda b: sampled.fixed_loss(model, b), sampled.fixed_step,
                               torch.optim.Adam(model.parameters()), [list(model.parameters())], 2.0, capture=False)
     assert step.run(batch) is None and step.eager_steps == 0  # the trainer steps it eagerly
     env = ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6)
@@ -80,8 +80,8 @@ def _graphed_trainer(model: Any, state_dir: Path, dist: Any = None, capture: boo
     objective = xe(model, epochs=3)
     trainer = toy_trainer(objective, model, state_dir, epochs=3, dist=dist, cuda_graphs=capture, **kwargs)
     if trainer.graphed is None:  # on a CPU the trainer never graphs: the same step, uncaptured
-        trainer.graphed = graphs.graphed_step(objective, model, trainer.loss_fn, trainer.optimizer, trainer.clipped,
-                                              2.0, torch.device("cpu"))
+        trainer.graphed = graphs.graphed_step(objective, model, trainer.optimizer, trainer.clipped, 2.0,
+                                              torch.device("cpu"))
     return trainer
 
 
@@ -136,7 +136,7 @@ def test_on_cuda_the_captured_step_replays_the_eager_step_and_resumes_bit_identi
     assert runs["graphed"][2].graph is not None and runs["graphed"][2].replays >= 4
     # validation after replays decodes with the new weights (a replay's Adam step runs no hook: the
     # cached joined weights of caprl.models.timeshared are made again)
-    graphed_model = runs["graphed"][2].modules.model
+    graphed_model = model  # the loop's last: the graphed run's
     fresh = model_of("topdown", dropout=0.5).cuda()
     fresh.load_state_dict(graphed_model.state_dict())
     ctx_batch = ToyData().batch(list(range(8)))
@@ -180,8 +180,8 @@ def test_plain_autograd_inside_the_step() -> None:
     model.core = core
     objective = xe(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    step = graphs.GraphedStep(lambda b: objective.fixed_loss(model, b), objective.fixed_step, model, optimizer, [list(model.parameters())],
-                              2.0, capture=False)
+    step = graphs.GraphedStep(lambda b: objective.fixed_loss(model, b), objective.fixed_step, optimizer,
+                              [list(model.parameters())], 2.0, capture=False)
     loss, _ = step.run(ToyData().batch([0, 1, 2]))
     assert seen and not any(seen) and bool(torch.isfinite(loss))
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from caprl.models import timeshared
-from caprl.models.base import map_batch
+from caprl.models.base import batch_tensors, map_batch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,16 +44,6 @@ def set_enabled(on: bool) -> None:
     _enabled = on
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
-
-
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
     """:func:`~caprl.models.base.map_batch`, also into the fields of a dataclass (a decode's Samples)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -66,14 +56,21 @@ class _Graph:
         self.graph, self.inputs, self.outputs = graph, inputs, outputs
 
 
-def _capture(fn: Callable[[Any], T], inputs: Any) -> tuple[_Graph, T]:
-    """Warm ``fn`` up on a side stream (its result is this call's), then capture it on static inputs."""
-    static_in = _map(torch.clone, inputs)
+def on_side_stream(fn: Callable[[], T]) -> T:
+    """``fn()`` on a side stream, ordered after and before the current one: how work is warmed up
+    before a CUDA graph captures it (PyTorch's capture recipe)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        result = fn(static_in)
+        result = fn()
     torch.cuda.current_stream().wait_stream(side)
+    return result
+
+
+def _capture(fn: Callable[[Any], T], inputs: Any) -> tuple[_Graph, T]:
+    """Warm ``fn`` up on a side stream (its result is this call's), then capture it on static inputs."""
+    static_in = _map(torch.clone, inputs)
+    result = on_side_stream(lambda: fn(static_in))
     graph = torch.cuda.CUDAGraph()
     timeshared.weights_changed()  # joined weights are made inside the graph, at every replay
     try:
@@ -81,14 +78,14 @@ def _capture(fn: Callable[[Any], T], inputs: Any) -> tuple[_Graph, T]:
             outputs = fn(static_in)
     finally:
         timeshared.weights_changed()  # what the capture cached was never computed: eager calls make it again
-    return _Graph(graph, _tensors(static_in), outputs), result
+    return _Graph(graph, list(batch_tensors(static_in)), outputs), result
 
 
 def run(model: nn.Module, what: tuple[Any, ...], fn: Callable[[Any], T], inputs: Any) -> T:
     """``fn(inputs)`` (a decode of ``model`` that reads only ``inputs`` and the model's parameters,
     with shapes fixed by the inputs' and no host read-back), replayed from a CUDA graph where it can
     be. ``what`` names the decode and its settings (e.g. ``("greedy", max_length)``)."""
-    flat = _tensors(inputs)
+    flat = list(batch_tensors(inputs))
     if (not _enabled or not flat or flat[0].device.type != "cuda" or torch.is_grad_enabled()
             or torch.cuda.is_current_stream_capturing()):
         return fn(inputs)

@@ -32,7 +32,7 @@ from caprl import captured
 from caprl.data.prefetch import Prefetcher
 from caprl.errors import CaprlError
 from caprl.live_rows import LiveRows
-from caprl.models.base import Batch, CaptionModel, map_batch
+from caprl.models.base import Batch, CaptionModel, batch_tensors, map_batch
 from caprl.registry import Registry
 from caprl.relaxation import (ESTIMATORS, FEEDS, Estimator, RelaxedStep, partial_mask, partial_token_mask,  # noqa: F401
                               relaxed_at)
@@ -104,7 +104,7 @@ def expand(ctx: Batch, n: int) -> Batch:
 
 
 def _first(obj: Batch) -> torch.Tensor:
-    return next(_tensors(obj))
+    return next(batch_tensors(obj))
 
 
 def start(model: CaptionModel, ctx: Batch, n: int = 1) -> DecodeState:
@@ -362,17 +362,6 @@ def decode_split(
             pooled = pooled.to(device)
             ctx = model.encode(pooled, regions.to(device))
             yield ids, (decode(model, ctx, pooled=pooled) if pass_pooled else decode(model, ctx))
-
-
-def _tensors(obj: Batch) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (tuple, list)):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def _pad(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,18 @@ class StepOutput(NamedTuple):
     state: tuple[torch.Tensor, ...]
     attention: torch.Tensor | None  # [B, S, R]
     hidden: torch.Tensor  # [B, S, H]: the hidden state each stage's word distribution is read from
+
+
+def batch_tensors(obj: Batch) -> Iterator[torch.Tensor]:
+    """Every tensor of a nested tuple/list/dict, in order (what :func:`map_batch` maps)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from batch_tensors(v)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from batch_tensors(v)
 
 
 def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], obj: Batch) -> Batch:

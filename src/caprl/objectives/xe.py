@@ -10,6 +10,7 @@ seed and the step, so a resumed run draws the same.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -51,22 +52,34 @@ class CrossEntropy(Objective):
     options: XEOptions
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        # encode each image once, then one row per gold caption (5x less encoder work on COCO)
-        ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
         step = batch.noise.step if batch.noise is not None else 0
         prob = self._sampling(batch)
         generator = None
         if prob > 0:
             seed = batch.noise.seed if batch.noise is not None else 0
             generator = torch.Generator(device=batch.labels.device).manual_seed(hash((seed, step, 7919)) % 2**63)
-        nll = -model.token_logprobs(ctx, batch.labels, prob, generator)  # [M, S, T+1]
-        mask = token_mask(batch.labels)
-        per_stage = torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
-        metrics = {f"xe_stage{s}": float(v) for s, v in enumerate(per_stage.detach())} if len(per_stage) > 1 else {}
-        metrics["xe"] = float(per_stage[-1].detach())
+        per_stage = self._stage_means(model, batch, lambda ctx: model.token_logprobs(ctx, batch.labels, prob, generator))
+        metrics: dict[str, float] = {k: float(v) for k, v in self._metrics(per_stage).items()}
         if prob > 0:
             metrics["ss_prob"] = prob
         return per_stage.sum(), metrics
+
+    def _stage_means(self, model: CaptionModel, batch: Batch,
+                     logprobs: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        """Each stage's mean NLL of the gold words; ``logprobs(ctx)`` gives their ``[M, S, T+1]``
+        log-probabilities. Each image is encoded once, then one row per gold caption (5x less
+        encoder work on COCO)."""
+        ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
+        nll = -logprobs(ctx)
+        mask = token_mask(batch.labels)
+        return torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
+
+    @staticmethod
+    def _metrics(per_stage: torch.Tensor) -> dict[str, torch.Tensor]:
+        values = per_stage.detach()
+        metrics = {f"xe_stage{s}": v for s, v in enumerate(values)} if len(values) > 1 else {}
+        metrics["xe"] = values[-1]
+        return metrics
 
     def _sampling(self, batch: Batch) -> float:
         step = batch.noise.step if batch.noise is not None else 0
@@ -78,10 +91,5 @@ class CrossEntropy(Objective):
     def fixed_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """:meth:`loss` without scheduled sampling, every row run to the full length (a CUDA graph
         captures the whole step: :mod:`caprl.training.graphs`); the metrics stay tensors."""
-        ctx = map_batch(lambda t: t.index_select(0, batch.label_image), model.encode(batch.pooled, batch.regions))
-        nll = -model.token_logprobs_fixed(ctx, batch.labels)
-        mask = token_mask(batch.labels)
-        per_stage = torch.stack([self.mean(nll[:, s], mask) for s in range(nll.shape[1])])
-        metrics = {f"xe_stage{s}": per_stage[s].detach() for s in range(len(per_stage))} if len(per_stage) > 1 else {}
-        metrics["xe"] = per_stage[-1].detach()
-        return per_stage.sum(), metrics
+        per_stage = self._stage_means(model, batch, lambda ctx: model.token_logprobs_fixed(ctx, batch.labels))
+        return per_stage.sum(), self._metrics(per_stage)

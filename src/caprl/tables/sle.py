@@ -94,12 +94,12 @@ def has_attention(params: dict[str, Any], model: str) -> bool:
 def kind_runs(params: dict[str, Any], dataset: str, model: str, kind: str) -> list[RunSpec]:
     """The model's runs on the dataset of this row kind (params order)."""
     spec = ROW_KINDS[kind]
-    for method in (spec.method, spec.same_as):
-        views = [v for v in select(params, dataset, model=model, method=method)
-                 if spec.entropy is None or (float(v.options.get("entropy") or 0.0) > 0.0) == spec.entropy]
-        if views or method is None:
-            return views
-    return []
+
+    def of(method: str) -> list[RunSpec]:
+        return [v for v in select(params, dataset, model=model, method=method)
+                if spec.entropy is None or (float(v.options.get("entropy") or 0.0) > 0.0) == spec.entropy]
+
+    return of(spec.method) or (of(spec.same_as) if spec.same_as else [])
 
 
 def sle_models(params: dict[str, Any], dataset: str) -> list[str]:

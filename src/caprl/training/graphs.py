@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import torch
 
+from caprl.captured import on_side_stream
 from caprl.data.batch import Batch
 from caprl.models import timeshared
 
@@ -67,13 +68,12 @@ class GraphedStep:
     """One optimiser step on a batch (``loss_of`` -> backward -> clip -> Adam), captured as a
     CUDA graph after ``warmup`` eager steps of the same shapes. Call :meth:`run` per batch."""
 
-    def __init__(self, loss_of: StepFn, accepts: Callable[[Batch], bool], modules: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, clipped: list[list[torch.nn.Parameter]], grad_clip: float, capture: bool, warmup: int = 3) -> None:
-        self.loss_of, self.accepts, self.modules, self.optimizer = loss_of, accepts, modules, optimizer
+    def __init__(self, loss_of: StepFn, accepts: Callable[[Batch], bool], optimizer: torch.optim.Optimizer,
+                 clipped: list[list[torch.nn.Parameter]], grad_clip: float, capture: bool, warmup: int = 3) -> None:
+        self.loss_of, self.accepts, self.optimizer = loss_of, accepts, optimizer
         self.clipped, self.grad_clip = clipped, grad_clip
         self.capture, self.warmup = capture, warmup
-        self.static: Batch | None = None  # the graph's input tensors
-        self.shapes: tuple[Any, ...] | None = None
+        self.static: Batch | None = None  # the graph's input tensors (their shapes: the only ones it takes)
         self.outputs: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
         self.graph: Any = None  # torch.cuda.CUDAGraph once captured
         self.eager_steps = 0
@@ -89,13 +89,10 @@ class GraphedStep:
         step (other shapes than the captured ones, or the objective declines it): step eagerly."""
         if self.failed or not self.accepts(batch):
             return None
-        shapes = self._shapes(batch)
-        if self.shapes is None:
-            self.shapes = shapes
-        elif shapes != self.shapes:
-            return None
         if self.static is None:
             self.static = Batch(batch.image_ids, *(t.clone() for t in batch._tensors()), batch.noise)
+        elif self._shapes(batch) != self._shapes(self.static):
+            return None
         else:
             for dst, src in zip(self.static._tensors(), batch._tensors()):
                 dst.copy_(src, non_blocking=True)
@@ -120,14 +117,7 @@ class GraphedStep:
 
     def _eager(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self.optimizer.zero_grad(set_to_none=True)
-        if not self.capture:
-            out = self._body()
-        else:  # the warm-up steps run on a side stream, as the capture recipe requires
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                out = self._body()
-            torch.cuda.current_stream().wait_stream(side)
+        out = on_side_stream(self._body) if self.capture else self._body()  # warm-up steps: on a side stream
         self.eager_steps += 1
         return out
 
@@ -155,8 +145,8 @@ class GraphedStep:
         timeshared.weights_changed()  # the replayed Adam step ran no optimiser hook: no cached weight is valid
 
 
-def graphed_step(objective: Any, model: torch.nn.Module, loss_module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def graphed_step(objective: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  clipped: list[list[torch.nn.Parameter]], grad_clip: float, device: torch.device) -> GraphedStep:
     """The trainer's graphed step for ``objective`` (captured on CUDA, eager on a CPU)."""
-    return GraphedStep(lambda batch: objective.fixed_loss(model, batch), objective.fixed_step, loss_module, optimizer, clipped, grad_clip,
-                       capture=device.type == "cuda")
+    return GraphedStep(lambda batch: objective.fixed_loss(model, batch), objective.fixed_step, optimizer, clipped,
+                       grad_clip, capture=device.type == "cuda")

@@ -158,8 +158,8 @@ class Trainer:
         if (config.cuda_graphs and self.dist.device.type == "cuda" and not self.dist.active and config.amp == "none"
                 and not objective.turns and type(objective).fixed_step is not Objective.fixed_step):
             self.optimizer = graphs.capturable_adam(groups, self.dist.device, fused)
-            self.graphed = graphs.graphed_step(objective, model, self.loss_fn, self.optimizer, self.clipped,
-                                               config.grad_clip, self.dist.device)
+            self.graphed = graphs.graphed_step(objective, model, self.optimizer, self.clipped, config.grad_clip,
+                                               self.dist.device)
         else:
             self.optimizer = torch.optim.Adam(groups, fused=fused)
         self.base_lrs = [float(g["lr"]) for g in groups]  # each group's rate before any decay
