@@ -100,8 +100,9 @@ def test_stacked_query_is_h_plus_previous_attended_feature_by_hand() -> None:
     alpha = torch.softmax(torch.randn(3, REGIONS), dim=-1)
     att1 = model.attend[0]  # stage 1's W_{v alpha}, b_{v alpha}
     by_hand = h + torch.einsum("bn,bnh->bh", alpha, regions @ att1.w_value.weight.T + att1.w_value.bias)
-    assert torch.allclose(model.attention_query(h, alpha, ctx["values"][:, 0]), by_hand, atol=1e-5)
-    assert torch.equal(model.attention_query(h, None, None), h)  # alpha^0 = 0: hbar^0 = h^0
+    g = torch.bmm(alpha.unsqueeze(1), ctx["values"][0]).squeeze(1)  # stage 1's attended feature g^1
+    assert torch.allclose(model.attention_query(h, g), by_hand, atol=1e-5)
+    assert torch.equal(model.attention_query(h, None), h)  # alpha^0 = 0: hbar^0 = h^0
 
 
 @pytest.mark.parametrize("arch", STACKED)
@@ -112,8 +113,9 @@ def test_only_stacked_attention_depends_on_the_previous_stage_weights(arch: str)
     h = torch.randn(3, 16)
     sharp = torch.eye(REGIONS)[:3]
     flat = torch.full((3, REGIONS), 1.0 / REGIONS)
-    g_a, alpha_a = model.attend_stage(2, ctx, h, sharp)
-    g_b, alpha_b = model.attend_stage(2, ctx, h, flat)
+    stage1 = lambda alpha: torch.bmm(alpha.unsqueeze(1), ctx["values"][0]).squeeze(1)  # noqa: E731  (g^1_t)
+    g_a, alpha_a = model.attend_stage(2, ctx, h, stage1(sharp))
+    g_b, alpha_b = model.attend_stage(2, ctx, h, stage1(flat))
     changed = not torch.allclose(alpha_a, alpha_b)
     assert changed == (arch == "stackcap")
     assert (not torch.allclose(g_a, g_b)) == (arch == "stackcap")
@@ -131,7 +133,7 @@ def test_step_queries_stage_two_with_hbar(arch: str) -> None:
     for _ in range(2):
         out = model.step(torch.tensor([[1, 2, 3]] * 3), ctx, state)
         state = out.state
-    h1, g1 = state[0][:, 1], stage1[-1][0]
+    h1, g1 = state[1], stage1[-1][0]  # the state: (h^0, h^1, h^2, c^0, c^1, c^2)
     expected = h1 + g1 if arch == "stackcap" else h1
     assert torch.allclose(query2[-1], expected, atol=1e-6)
     assert torch.equal(out.attention[:, 1], stage1[-1][1])

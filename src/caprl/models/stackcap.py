@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from caprl.models import timeshared as ts
@@ -79,43 +80,54 @@ class CoarseToFine(CaptionModel):
         self.dropout = nn.Dropout(c.dropout)
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:
-        """``mean`` = f(V) ``[B, D]``; per fine stage keys ``[B, Nf, R, A]`` and values ``[B, Nf, R, H]``."""
+        """``mean`` = f(V) ``[B, D]``; ``keys``/``values``: one ``[B, R, A]``/``[B, R, H]`` per fine stage;
+        ``mean_gates``: f(V)'s share of the coarse LSTM's gates, the same at every step, so
+        projected once here (the coarse input is ``[y^0_{t-1}; f(V); h^{Nf}_{t-1}]``)."""
         keys, values = zip(*(att.precompute(regions) for att in self.attend))
-        return {"mean": regions.mean(dim=1), "keys": torch.stack(keys, dim=1), "values": torch.stack(values, dim=1)}
+        mean = regions.mean(dim=1)
+        ctx = {"mean": mean, "keys": tuple(keys), "values": tuple(values)}
+        if type(self.coarse) is nn.LSTMCell:  # a replaced cell (tests) reads its whole input
+            e = self.config.embed_size
+            ctx["mean_gates"] = F.linear(mean, self.coarse.weight_ih[:, e : e + self.feat_dim])
+        return ctx
 
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
-        """``(h, c)``, each ``[B, S, H]`` (stage-major inside a row), all zeros."""
-        zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.n_stages, self.config.hidden_size)
-        return (zeros, zeros.clone())
+        """``(h^0, ..., h^{Nf}, c^0, ..., c^{Nf})``, each ``[B, H]``, all zeros: one tensor per
+        stage, so that a stage reads its own state without a select (and its backward a copy)."""
+        rows = ctx["mean"].shape[0]
+        return tuple(ctx["mean"].new_zeros(rows, self.config.hidden_size) for _ in range(2 * self.n_stages))
 
-    def attention_query(self, h_prev: torch.Tensor, alpha_prev: torch.Tensor | None,
-                        values_prev: torch.Tensor | None) -> torch.Tensor:
-        """The query of stage i from stage i-1's hidden state, weights and values (None for i = 1)."""
+    def attention_query(self, h_prev: torch.Tensor, g_prev: torch.Tensor | None) -> torch.Tensor:
+        """The query of stage i from stage i-1's hidden state and attended feature (None for i = 1)."""
         raise NotImplementedError
 
     def attend_stage(self, stage: int, ctx: Batch, h_prev: torch.Tensor,
-                     alpha_prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(g^i_t, alpha^i_t)`` of fine stage ``stage`` (1..Nf) given ``h^{i-1}_t`` and ``alpha^{i-1}_t``."""
-        values_prev = ctx["values"][:, stage - 2] if stage > 1 else None
-        query = self.attention_query(h_prev, alpha_prev if stage > 1 else None, values_prev)
-        return self.attend[stage - 1](ctx["keys"][:, stage - 1], ctx["values"][:, stage - 1], query)
+                     g_prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g^i_t, alpha^i_t)`` of fine stage ``stage`` (1..Nf) given ``h^{i-1}_t`` and ``g^{i-1}_t``."""
+        query = self.attention_query(h_prev, g_prev if stage > 1 else None)
+        return self.attend[stage - 1](ctx["keys"][stage - 1], ctx["values"][stage - 1], query)
 
     def core(self, words: torch.Tensor, ctx: Batch, state: tuple[torch.Tensor, ...]) -> StepCore:
-        h, c = state
-        emb = ts.embedding(self.embed, words)  # [B, S, E]: every stage its own previous word
-        h0, c0 = ts.lstm_cell(self.coarse, torch.cat([emb[:, 0], ctx["mean"], h[:, -1]], dim=1), (h[:, 0], c[:, 0]))
+        s = self.n_stages
+        h, c = state[:s], state[s:]
+        word = lambda i: ts.embedding(self.embed, words[:, i])  # noqa: E731  (each stage its own previous word)
+        if "mean_gates" in ctx:
+            e = self.config.embed_size
+            h0, c0 = ts.lstm_cell(self.coarse, torch.cat([word(0), h[-1]], dim=1), (h[0], c[0]),
+                                  gates=ctx["mean_gates"], columns=(slice(0, e), slice(e + self.feat_dim, None)))
+        else:
+            h0, c0 = ts.lstm_cell(self.coarse, torch.cat([word(0), ctx["mean"], h[-1]], dim=1), (h[0], c[0]))
         hs, cs = [h0], [c0]
-        alphas = [h0.new_zeros(h0.shape[0], ctx["keys"].shape[2])]
-        alpha_prev: torch.Tensor | None = None
-        for i in range(1, self.n_stages):
-            g, alpha = self.attend_stage(i, ctx, hs[-1], alpha_prev)
-            hi, ci = ts.lstm_cell(self.fine[i - 1], torch.cat([emb[:, i], g, hs[-1]], dim=1), (h[:, i], c[:, i]))
+        alphas = [h0.new_zeros(h0.shape[0], ctx["keys"][0].shape[1])]
+        g: torch.Tensor | None = None
+        for i in range(1, s):
+            g, alpha = self.attend_stage(i, ctx, hs[-1], g)
+            hi, ci = ts.lstm_cell(self.fine[i - 1], torch.cat([word(i), g, hs[-1]], dim=1), (h[i], c[i]))
             hs.append(hi)
             cs.append(ci)
             alphas.append(alpha)
-            alpha_prev = alpha
         hidden = torch.stack(hs, dim=1)
-        return StepCore(hidden, (hidden, torch.stack(cs, dim=1)), torch.stack(alphas, dim=1), hidden)
+        return StepCore(hidden, (*hs, *cs), torch.stack(alphas, dim=1), hidden)
 
     def head(self, out: torch.Tensor) -> torch.Tensor:
         """Each stage's own output layer on ``out [..., S, H]``."""
@@ -126,17 +138,15 @@ class CoarseToFine(CaptionModel):
 class StackCapStar(CoarseToFine):
     """Stack-Cap*: independent attention, each fine stage queried by ``h^{i-1}_t`` alone."""
 
-    def attention_query(self, h_prev: torch.Tensor, alpha_prev: torch.Tensor | None,
-                        values_prev: torch.Tensor | None) -> torch.Tensor:
+    def attention_query(self, h_prev: torch.Tensor, g_prev: torch.Tensor | None) -> torch.Tensor:
         return h_prev
 
 
 @register_model("stackcap")
 class StackCap(CoarseToFine):
-    """Stack-Cap: stacked attention, queried by ``hbar^{i-1}_t`` (eq. 8)."""
+    """Stack-Cap: stacked attention, queried by ``hbar^{i-1}_t = h^{i-1}_t + g^{i-1}_t`` (eq. 8),
+    ``g^{i-1}_t = sum_n alpha^{i-1,n}_t (W^{i-1}_{va} V_n + b^{i-1}_{va})`` being the previous
+    stage's attended feature, already computed for its own LSTM input (so reused, not recomputed)."""
 
-    def attention_query(self, h_prev: torch.Tensor, alpha_prev: torch.Tensor | None,
-                        values_prev: torch.Tensor | None) -> torch.Tensor:
-        if alpha_prev is None or values_prev is None:  # alpha^0 = 0: hbar^0 = h^0
-            return h_prev
-        return h_prev + torch.bmm(alpha_prev.unsqueeze(1), values_prev).squeeze(1)
+    def attention_query(self, h_prev: torch.Tensor, g_prev: torch.Tensor | None) -> torch.Tensor:
+        return h_prev if g_prev is None else h_prev + g_prev  # alpha^0 = 0: hbar^0 = h^0
