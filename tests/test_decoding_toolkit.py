@@ -159,25 +159,57 @@ def test_ended_rows_leave_a_cpu_decode_and_nothing_changes(arch: str, monkeypatc
     assert 0 < float(a.mask.sum(-1).min()) < float(a.mask.sum(-1).max()) < 10  # captions of several lengths
 
 
-def test_a_decode_in_train_mode_steps_every_row() -> None:
-    """Dropout draws its masks per stepped row: in train mode no row leaves (same numbers as always)."""
+@pytest.mark.parametrize("arch", ["fc", "lstm3", "softatt", "topdown", "stackcap"])
+def test_a_training_decode_drops_ended_rows_with_the_same_samples_masks_and_gradients(
+        arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In train mode too the decode drops ended rows, and its dropout masks stay the full batch's
+    (caprl.models.base.RowDropout): the same samples, and the same loss and gradients to 1e-6, as
+    stepping every row; each architecture applies dropout in its own places."""
     from caprl import live_rows
-    from caprl.models import build_model
+    from caprl.models import MODELS
 
-    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.5}, 12, 8, 4).train()
-    seen = []
-    real = live_rows.LiveRows.__init__
+    torch.manual_seed(0)
+    fields = MODELS.get(arch).config_class.__dataclass_fields__
+    options = {k: v for k, v in {"embed_size": 16, "hidden_size": 32, "att_hidden_size": 16}.items() if k in fields}
+    model = build_model(arch, {**options, "dropout": 0.5}, 12, 8, 4).train()
+    for name, p in model.named_parameters():  # the end token likely at every step: captions of every length
+        if name.endswith("bias") and p.shape[0] == 12:
+            with torch.no_grad():
+                p[0] += 2.0
+    pooled, regions = torch.randn(20, 8), torch.randn(20, 4, 8)
+    shrinks: list[bool] = []
+    real = live_rows.LiveRows.shrink
+    monkeypatch.setattr(live_rows.LiveRows, "shrink", lambda self, *a: shrinks.append(True) or real(self, *a))
+    runs = []
+    for at in (live_rows.SHRINK_AT, -1.0):  # -1: never shrink (every row stepped to the end)
+        monkeypatch.setattr(live_rows, "SHRINK_AT", at)
+        torch.manual_seed(7)  # the dropout masks' stream
+        model.zero_grad(set_to_none=True)
+        ctx = model.encode(pooled, regions)
+        samples = decoding.sample(model, ctx, 10, n=3, noise=decoding.Noise(seed=2, step=1, total=20))
+        loss = (samples.logprobs * samples.mask * torch.linspace(-1, 1, 60).view(60, 1, 1)).sum()
+        loss.backward()
+        runs.append((samples, loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (a, loss_a, grads_a), (b, loss_b, grads_b) = runs
+    assert shrinks and torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+    assert 0 < float(a.mask.sum(-1).min()) < float(a.mask.sum(-1).max()) < 10  # captions of several lengths
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-6, rtol=1e-6)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
 
-    def spy(self: Any, rows: int, enabled: bool) -> None:
-        seen.append(enabled)
-        real(self, rows, enabled)
 
-    live_rows.LiveRows.__init__ = spy  # type: ignore[method-assign]
-    try:
-        decoding.sample(model, model.encode(torch.randn(4, 8), torch.randn(4, 4, 8)), 6, n=2,
-                        noise=decoding.Noise(seed=2, step=1, total=4))
-        model.eval()
-        decoding.sample(model, model.encode(torch.randn(4, 8), torch.randn(4, 4, 8)), 6, greedy=True)
-    finally:
-        live_rows.LiveRows.__init__ = real  # type: ignore[method-assign]
-    assert seen == [False, True]
+def test_row_dropout_is_the_full_batch_dropout_of_the_stepped_rows() -> None:
+    """RowDropout inside stepped_rows: the stepped rows of torch's own dropout of the whole batch."""
+    from caprl.models.base import RowDropout, stepped_rows
+
+    x = torch.randn(10, 3, 5)
+    keep = torch.tensor([1, 4, 9])
+    torch.manual_seed(3)
+    full = torch.nn.functional.dropout(x, 0.4, training=True)
+    torch.manual_seed(3)
+    with stepped_rows(10, keep):
+        mine = RowDropout(0.4).train()(x[keep])
+    assert torch.equal(mine, full[keep])
+    with stepped_rows(10, keep), pytest.raises(Exception, match="4 rows inside a decode step of 3"):
+        RowDropout(0.4).train()(torch.randn(4, 5))

@@ -157,15 +157,16 @@ def rollout(
     rows = prev.shape[0]
     relaxed_of = relaxed_at(relaxed, rows, steps) if estimator is not None else (lambda i: None)
     stop_early = prev.device.type == "cpu"  # on CUDA, .all() would wait for the device
-    # on a CPU, ended rows leave the batch (caprl.live_rows) in eval mode (in train mode dropout draws
-    # its masks per stepped row); not where every row's state or hidden is kept, nor for an estimator's
-    # relaxed rows or the global RNG's samples (drawn per stepped row too)
-    live_rows = LiveRows(rows, stop_early and not model.training and estimator is None and not keep_states
-                         and not keep_hidden and (greedy or noise is not None))
+    # on a CPU, ended rows leave the batch (caprl.live_rows: the noise and dropout masks stay the full
+    # batch's); not where every row's state or hidden is kept, nor for an estimator's relaxed rows or
+    # the global RNG's samples (drawn per stepped row)
+    live_rows = LiveRows(rows, stop_early and estimator is None and not keep_states and not keep_hidden
+                         and (greedy or noise is not None))
     ctx = at.ctx
     tokens, logprobs, masks, entropies, attentions, hiddens, softs, after = [], [], [], [], [], [], [], []
     for i in range(steps):
-        out = model.step(prev, ctx, state)
+        with live_rows.stepping():
+            out = model.step(prev, ctx, state)
         state = out.state
         scaled = out.logprobs if temperature == 1.0 else torch.log_softmax(out.logprobs / temperature, dim=-1)
         fed: torch.Tensor | None = None

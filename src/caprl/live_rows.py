@@ -2,19 +2,23 @@
 
 On a CPU a decode step costs in proportion to its rows, and most captions end well before the
 longest (8 words against 16 steps on the synthetic sets), so stepping ended rows wastes most of
-a decode's tail. :class:`LiveRows` drops them when a quarter of the rows still stepped have
-ended, and puts each step's outputs back at their full-batch rows (zeros for ended rows, which
-the decode's mask zeroes anyway). Not on CUDA: counting the live rows reads the device, which a
-GPU decode never does (and a replayed graph needs fixed shapes).
+a decode's tail, and of its backward. :class:`LiveRows` drops them when a quarter of the rows
+still stepped have ended, and puts each step's outputs back at their full-batch rows (zeros for
+ended rows, which the decode's mask zeroes anyway). The numbers stay those of stepping every
+row: a sample's noise is the full batch's (:meth:`LiveRows.of`), and so are a training decode's
+dropout masks (:meth:`LiveRows.stepping`, :class:`caprl.models.base.RowDropout`). Not on CUDA:
+counting the live rows reads the device, which a GPU decode never does (and a replayed graph
+needs fixed shapes).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
-from caprl.models.base import map_batch
+from caprl.models.base import map_batch, stepped_rows
 
 SHRINK_AT = 0.75  # drop the ended rows once at most this fraction of the stepped rows is live
 
@@ -31,6 +35,10 @@ class LiveRows:
         if self.index is None:
             return x
         return x.new_zeros(self.rows, *x.shape[1:]).index_copy(0, self.index, x)
+
+    def stepping(self) -> contextlib.AbstractContextManager[None]:
+        """Around a model step: its dropout masks are the full batch's rows of the stepped rows."""
+        return stepped_rows(self.rows, self.index)
 
     def of(self, x: torch.Tensor) -> torch.Tensor:
         """The stepped rows of a full-batch tensor (the step's sampling noise)."""

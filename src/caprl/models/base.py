@@ -27,6 +27,7 @@ search and evaluation use it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
@@ -76,6 +77,38 @@ def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], obj: Batch) -> Batch:
     if isinstance(obj, (tuple, list)):
         return type(obj)(map_batch(fn, v) for v in obj)
     return obj
+
+
+_STEPPED: tuple[int, torch.Tensor] | None = None  # inside stepped_rows: (rows of the batch, the stepped rows)
+
+
+@contextlib.contextmanager
+def stepped_rows(rows: int, index: torch.Tensor | None) -> Iterator[None]:
+    """A decode step of the rows ``index`` of a ``rows``-row batch (None: every row). Inside it,
+    :class:`RowDropout` applies to the stepped rows their rows of a whole batch's mask."""
+    global _STEPPED
+    before, _STEPPED = _STEPPED, None if index is None else (rows, index)
+    try:
+        yield
+    finally:
+        _STEPPED = before
+
+
+class RowDropout(nn.Dropout):
+    """``nn.Dropout`` whose masks do not depend on which rows a decode steps. Inside
+    :func:`stepped_rows` it draws the whole batch's mask as torch's dropout draws it for that
+    batch (one Bernoulli draw of its shape, divided by 1 - p) and multiplies the stepped rows by
+    their rows of it: a decode that drops its ended rows (:mod:`caprl.live_rows`) then samples
+    and trains on the same numbers as one that steps every row. Elsewhere it is ``nn.Dropout``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _STEPPED is None or not self.training or self.p in (0.0, 1.0):
+            return super().forward(x)
+        rows, index = _STEPPED
+        if x.shape[0] != index.shape[0]:
+            raise CaprlError(f"dropout on {x.shape[0]} rows inside a decode step of {index.shape[0]} rows")
+        noise = x.new_empty((rows, *x.shape[1:])).bernoulli_(1 - self.p).div_(1 - self.p)
+        return x * noise.index_select(0, index)
 
 
 @dataclass

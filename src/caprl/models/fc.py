@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from caprl.models import timeshared as ts
-from caprl.models.base import Batch, CaptionModel, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, RowDropout, StepCore, register_model
 
 
 @register_model("fc")
@@ -19,7 +19,7 @@ class ShowTell(CaptionModel):
         self.embed = nn.Embedding(vocab_size, c.embed_size)
         self.img_embed = nn.Linear(feat_dim, c.embed_size)
         self.lstm = nn.LSTMCell(c.embed_size, c.hidden_size)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = RowDropout(c.dropout)
         self.logit = nn.Linear(c.hidden_size, vocab_size)
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from caprl.models import timeshared as ts
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
 
 N_LAYERS = 3
 
@@ -28,7 +28,7 @@ class LSTM3(CaptionModel):
         self.img_embed = nn.Linear(feat_dim, c.embed_size)
         sizes = [c.embed_size] + [c.hidden_size] * (N_LAYERS - 1)
         self.lstms = nn.ModuleList(nn.LSTMCell(n_in, c.hidden_size) for n_in in sizes)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = RowDropout(c.dropout)
         self.logit = nn.Linear(c.hidden_size, vocab_size)
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:

@@ -18,7 +18,7 @@ from torch import nn
 
 from caprl.models.attention import AdditiveAttention
 from caprl.models import timeshared as ts
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
 
 
 @dataclass
@@ -40,7 +40,7 @@ class SoftAttention(CaptionModel):
         self.lstm = nn.LSTMCell(c.embed_size + feat_dim, c.hidden_size)
         self.out_h = nn.Linear(c.hidden_size, c.embed_size)  # L_h
         self.out_z = nn.Linear(feat_dim, c.embed_size, bias=False)  # L_z
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = RowDropout(c.dropout)
         self.logit = nn.Linear(c.embed_size, vocab_size)  # L_o
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:

@@ -33,7 +33,7 @@ from torch import nn
 
 from caprl.models import timeshared as ts
 from caprl.models.attention import additive_scores
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
 
 
 @dataclass
@@ -77,7 +77,7 @@ class CoarseToFine(CaptionModel):
         self.fine = nn.ModuleList(nn.LSTMCell(c.embed_size + 2 * c.hidden_size, c.hidden_size) for _ in range(c.n_fine))
         self.attend = nn.ModuleList(StageAttention(feat_dim, c.hidden_size, c.att_hidden_size) for _ in range(c.n_fine))
         self.logits = nn.ModuleList(nn.Linear(c.hidden_size, vocab_size) for _ in range(self.n_stages))
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = RowDropout(c.dropout)
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:
         """``mean`` = f(V) ``[B, D]``; ``keys``/``values``: one ``[B, R, A]``/``[B, R, H]`` per fine stage;

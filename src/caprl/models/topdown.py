@@ -10,7 +10,7 @@ from torch import nn
 
 from caprl.models.attention import AdditiveAttention
 from caprl.models import timeshared as ts
-from caprl.models.base import Batch, CaptionModel, ModelConfig, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
 
 
 @dataclass
@@ -30,7 +30,7 @@ class TopDown(CaptionModel):
         self.att_lstm = nn.LSTMCell(c.hidden_size * 2 + c.embed_size, c.hidden_size)
         self.lang_lstm = nn.LSTMCell(c.hidden_size * 2, c.hidden_size)
         self.attention = AdditiveAttention(c.hidden_size, c.hidden_size, c.att_hidden_size)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = RowDropout(c.dropout)
         self.logit = nn.Linear(c.hidden_size, vocab_size)
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:
