@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -186,11 +185,15 @@ def test_actor_critic_is_scored_by_beam_search_and_by_lookahead(snakemake_run: P
     assert rows and rows[0].split("|")[2].strip()[0].isdigit(), rows
 
 
-def test_second_run_is_a_fast_no_op(snakemake_run: Path) -> None:
-    started = time.time()
+def test_second_run_is_a_no_op(snakemake_run: Path) -> None:
+    """Running the main command again runs no job and rewrites no output (how long snakemake takes
+    to see that is a benchmark figure, not a test: docs/benchmark.md)."""
+    outputs = [f for d in ("results", "runs", "data") for f in (snakemake_run / d).rglob("*") if f.is_file()]
+    before = {f: f.stat().st_mtime_ns for f in outputs}
     proc = run(["snakemake", "--cores", "2", "all_tables"], snakemake_run)
-    assert "Nothing to be done" in proc.stdout + proc.stderr
-    assert time.time() - started < 60  # generous here; the README's full config is measured in the notes
+    log = proc.stdout + proc.stderr
+    assert "Nothing to be done" in log and "Finished job" not in log
+    assert {f: f.stat().st_mtime_ns for f in outputs} == before
 
 
 def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
