@@ -26,6 +26,7 @@ because a softmax is invariant to it (it would never get a gradient). The coarse
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +75,7 @@ class CoarseToFine(CaptionModel):
         self.n_stages = 1 + c.n_fine
         self.embed = nn.Embedding(vocab_size, c.embed_size)
         self.coarse = nn.LSTMCell(c.embed_size + feat_dim + c.hidden_size, c.hidden_size)
+        self.mean_columns = slice(c.embed_size, c.embed_size + feat_dim)  # f(V)'s columns of the coarse input
         self.fine = nn.ModuleList(nn.LSTMCell(c.embed_size + 2 * c.hidden_size, c.hidden_size) for _ in range(c.n_fine))
         self.attend = nn.ModuleList(StageAttention(feat_dim, c.hidden_size, c.att_hidden_size) for _ in range(c.n_fine))
         self.logits = nn.ModuleList(nn.Linear(c.hidden_size, vocab_size) for _ in range(self.n_stages))
@@ -87,8 +89,7 @@ class CoarseToFine(CaptionModel):
         mean = regions.mean(dim=1)
         ctx = {"mean": mean, "keys": tuple(keys), "values": tuple(values)}
         if type(self.coarse) is nn.LSTMCell:  # a replaced cell (tests) reads its whole input
-            e = self.config.embed_size
-            ctx["mean_gates"] = F.linear(mean, self.coarse.weight_ih[:, e : e + self.feat_dim])
+            ctx["mean_gates"] = F.linear(mean, self.coarse.weight_ih[:, self.mean_columns])
         return ctx
 
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
@@ -111,12 +112,13 @@ class CoarseToFine(CaptionModel):
         s = self.n_stages
         h, c = state[:s], state[s:]
         word = lambda i: ts.embedding(self.embed, words[:, i])  # noqa: E731  (each stage its own previous word)
-        if "mean_gates" in ctx:
-            e = self.config.embed_size
-            h0, c0 = ts.lstm_cell(self.coarse, torch.cat([word(0), h[-1]], dim=1), (h[0], c[0]),
-                                  gates=ctx["mean_gates"], columns=(slice(0, e), slice(e + self.feat_dim, None)))
+        if "mean_gates" in ctx:  # [y^0_{t-1}; h^{Nf}_{t-1}], f(V)'s share of the gates added
+            split: dict[str, Any] = {"gates": ctx["mean_gates"],
+                     "columns": (slice(0, self.mean_columns.start), slice(self.mean_columns.stop, None))}
+            coarse_in = torch.cat([word(0), h[-1]], dim=1)
         else:
-            h0, c0 = ts.lstm_cell(self.coarse, torch.cat([word(0), ctx["mean"], h[-1]], dim=1), (h[0], c[0]))
+            split, coarse_in = {}, torch.cat([word(0), ctx["mean"], h[-1]], dim=1)
+        h0, c0 = ts.lstm_cell(self.coarse, coarse_in, (h[0], c[0]), **split)
         hs, cs = [h0], [c0]
         alphas = [h0.new_zeros(h0.shape[0], ctx["keys"][0].shape[1])]
         g: torch.Tensor | None = None
