@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU session of checks and timings, as run on a lent device machine (see benchmarks/README.md):
-# the GPU tests, then caprl's step against self-critical.pytorch's, interleaved, then a profile of
-# caprl's SCST Top-Down step. Expects the peers folder and the captions under .gpu/ (copied from
-# ../shared) and the wheels the machine lacks under .gpu/whl. Results go to $OUT (or ./gpu-out).
+# the GPU tests, the decodes eager against replayed (decode_graphs.py), then caprl's step against
+# self-critical.pytorch's, interleaved, then a profile of caprl's SCST Top-Down step (SKIP_PROFILE=1:
+# none). Expects the peers folder and the captions under .gpu/ (copied from ../shared) and the
+# wheels the machine lacks under .gpu/whl. Results go to $OUT (or ./gpu-out).
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -19,8 +20,11 @@ t "data set-up (background)"
    > "$OUT/setup.txt" 2>&1; echo "setup rc $?" >> "$OUT/setup.txt") &
 SETUP=$!
 t "GPU tests"
-timeout ${GPU_TEST_S:-150} python3 -m pytest tests/test_graphs.py tests/test_gpu.py -m gpu -q -x -p no:cacheprovider -o addopts="" \
+timeout ${GPU_TEST_S:-150} python3 -m pytest tests/test_graphs.py tests/test_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" \
   2>&1 | tail -40 > "$OUT/pytest_gpu.txt"; cat "$OUT/pytest_gpu.txt"
+t "decodes: eager against replayed from a CUDA graph"
+timeout ${DECODE_S:-150} python3 benchmarks/decode_graphs.py --device $DEVICE --batches 50 250 --repeats 10 --markdown "$OUT/decode_graphs.md" \
+  > /dev/null 2>"$OUT/decode_graphs.err"; cat "$OUT/decode_graphs.md"; tail -3 "$OUT/decode_graphs.err"
 wait $SETUP; cat "$OUT/setup.txt"
 # warm-up 5: the XE step is captured as a CUDA graph after 3 eager steps (caprl.training.graphs)
 compare() { timeout ${2:-300} python3 benchmarks/gpu_compare.py --peers "$PEERS" --captions "$CAPS" --work $W --device $DEVICE \
@@ -28,7 +32,7 @@ compare() { timeout ${2:-300} python3 benchmarks/gpu_compare.py --peers "$PEERS"
 t "goal configurations (and caprl without graphs)"
 compare goal 260 scst-topdown xe-topdown --eager-too
 t "profile"
-timeout 45 python3 benchmarks/train_step.py --worker scst-topdown 50 --paths "$(python3 -c "
+[ -n "${SKIP_PROFILE:-}" ] || timeout 45 python3 benchmarks/train_step.py --worker scst-topdown 50 --paths "$(python3 -c "
 import json; print(json.dumps({k: '$W/caprl/' + f for k, f in (('annotations', 'annotations.json'), ('vocab', 'vocab.json'),
 ('labels', 'labels.h5'), ('features', 'features.h5'), ('cider_df', 'cider_df.npz'))}))")" --steps 5 --warmup 3 \
   --device $DEVICE --profile "$OUT/profile_scst_topdown_50.txt" | tail -1

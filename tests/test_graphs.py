@@ -196,10 +196,15 @@ def test_a_decode_off_cuda_or_with_gradients_runs_as_it_is() -> None:
     assert torch.equal(out, torch.full((2,), 2.0)) and len(calls) == 1 and model not in captured._graphs
 
 
+DECODES = {"greedy": lambda m, ctx: decoding.greedy_decoder(m, ctx, 6),
+           "beam": lambda m, ctx: decoding.top_k_beams_decoder(m, ctx, 6, beam_size=3, n=3)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(), reason="needs CUDA (a capture)")
 @pytest.mark.parametrize("arch", ["fc", "topdown", "stackcap"])
-def test_on_cuda_a_replayed_greedy_decode_is_the_eager_one(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("decode", sorted(DECODES))
+def test_on_cuda_a_replayed_decode_is_the_eager_one(arch: str, decode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from caprl import captured
 
     monkeypatch.setattr(timeshared, "MIN_TAPED", 0)  # the tapes' cached joined weights are made inside the graph
@@ -210,10 +215,10 @@ def test_on_cuda_a_replayed_greedy_decode_is_the_eager_one(arch: str, monkeypatc
         pooled, regions = (t.cuda() for t in data.features_of(ids))
         with torch.no_grad():
             ctx = model.encode(pooled, regions)
-            got = decoding.greedy_decoder(model, ctx, 6)
+            got = DECODES[decode](model, ctx)
             captured.set_enabled(False)
             try:
-                want = decoding.greedy_decoder(model, ctx, 6)
+                want = DECODES[decode](model, ctx)
             finally:
                 captured.set_enabled(True)
         return got, want
@@ -221,10 +226,25 @@ def test_on_cuda_a_replayed_greedy_decode_is_the_eager_one(arch: str, monkeypatc
     for ids in (list(range(8)), list(range(8, 16)), list(range(5)), list(range(8, 16))):  # captures, replays, 2 shapes
         got, want = both(ids)
         assert torch.equal(got, want), ids
-    assert len(captured._graphs[model]) == 2
+    graphs = captured._graphs[model]
+    assert len(graphs) == 2 and all(g is not captured._FAILED for g in graphs.values())
     with torch.no_grad():  # weights changed in place (as an optimiser step does): the replay reads them
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     got, want = both(list(range(8)))
     assert torch.equal(got, want)
     assert len(captured._graphs[model]) == 2  # the same storage: replayed, not captured again
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(), reason="needs CUDA (a capture)")
+def test_on_cuda_a_capture_whose_replay_differs_stays_eager(caplog: pytest.LogCaptureFixture) -> None:
+    from caprl import captured
+
+    model = model_of("fc").cuda()
+    img = torch.ones(4, device="cuda")
+    with torch.no_grad():  # a fresh draw at every call: the first replay cannot equal the warm-up
+        outs = [captured.run(model, ("noisy",), lambda c: c["img"] + torch.rand_like(c["img"]), {"img": img})
+                for _ in range(2)]
+    assert next(iter(captured._graphs[model].values())) is captured._FAILED
+    assert not torch.equal(outs[0], outs[1]) and "differs" in caplog.text

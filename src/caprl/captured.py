@@ -1,5 +1,5 @@
 """No-gradient decodes replayed from CUDA graphs (greedy captions: the self-critical baseline,
-validation, evaluation).
+validation, evaluation; beam search: evaluation and the diversity sets).
 
 A greedy caption of a Top-Down model at batch 50 is ~16 steps of ~25 small kernels each: on a
 GPU its time is the host's launching them (18 ms on an H100), not the arithmetic (one graph
@@ -13,7 +13,9 @@ only on CUDA, never inside another capture; new parameter storage (a model moved
 ``assign``) is a new key; parameters updated in place are read by the replay as they are now.
 Joined weights cached by :mod:`caprl.models.timeshared` are made inside the graph (the cache is
 invalidated before the capture and after it), so a replay never reads a join of old weights.
-A capture that fails is logged once and that decode runs eagerly from then on.
+A capture is checked once: its first replay must give the eager warm-up's outputs (integers
+exactly, floats to 1e-5). A capture that fails or differs is logged once and that decode runs
+eagerly from then on.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def _map(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
     return map_batch(fn, obj)
 
 
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor of ``obj``, also in the fields of a dataclass."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
+    return list(batch_tensors(obj))
+
+
 class _Graph:
     def __init__(self, graph: Any, inputs: list[torch.Tensor], outputs: Any) -> None:
         self.graph, self.inputs, self.outputs = graph, inputs, outputs
@@ -78,6 +87,10 @@ def _capture(fn: Callable[[Any], T], inputs: Any) -> tuple[_Graph, T]:
             outputs = fn(static_in)
     finally:
         timeshared.weights_changed()  # what the capture cached was never computed: eager calls make it again
+    graph.replay()  # the first replay must give what the eager warm-up gave, or the decode stays eager
+    for got, want in zip(_tensors(outputs), _tensors(result), strict=True):
+        if not (torch.equal(got, want) if not got.is_floating_point() else torch.allclose(got, want, 1e-5, 1e-5)):
+            raise RuntimeError("the replay differs from the eager decode")
     return _Graph(graph, list(batch_tensors(static_in)), outputs), result
 
 

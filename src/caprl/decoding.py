@@ -283,14 +283,21 @@ def sample_decoder(model: CaptionModel, ctx: Batch, max_length: int, n: int = 1,
 @DECODERS.register("beam")
 def beam_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, **_: Any) -> torch.Tensor:
     """``[B, 1, T]``: the best beam."""
-    return beam_search(model, ctx, beam_size, max_length)[0][:, :1]
+    return captured_beams(model, ctx, beam_size, max_length)[0][:, :1]
 
 
 @DECODERS.register("top_k_beams")
 def top_k_beams_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, n: int = 5,
                         **_: Any) -> torch.Tensor:
     """``[B, n, T]``: the ``n`` best of ``beam_size`` beams."""
-    return beam_search(model, ctx, max(beam_size, n), max_length)[0][:, :n]
+    return captured_beams(model, ctx, max(beam_size, n), max_length)[0][:, :n]
+
+
+def captured_beams(model: CaptionModel, ctx: Batch, beam_size: int, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`beam_search`, replayed from a CUDA graph under no_grad on a GPU (:mod:`caprl.captured`):
+    its loop reads nothing back there, so a whole search is one launch."""
+    return captured.run(model, ("beam", beam_size, max_length), lambda c: beam_search(model, c, beam_size, max_length),
+                        ctx)
 
 
 def beam_search(
@@ -307,8 +314,10 @@ def beam_search(
     first = _first(ctx)
     batch, device = first.shape[0], first.device
     stop_early = device.type == "cpu"
-    scores = torch.full((batch, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0
+    # built whole, not by item assignment: a Python number written into a CUDA tensor is a host copy,
+    # which a CUDA graph cannot capture (caprl.captured)
+    scores = torch.cat([first.new_zeros(batch, 1, dtype=torch.float), first.new_full((batch, k - 1), float("-inf"),
+                                                                           dtype=torch.float)], dim=1)
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
     tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
     prev = torch.zeros(batch * k, dtype=torch.long, device=device)
@@ -317,8 +326,8 @@ def beam_search(
         out = model.step(prev.unsqueeze(1).expand(-1, model.n_stages), ctx_k, state)
         logprobs = out.logprobs[:, -1].reshape(batch, k, -1)
         vocab = logprobs.shape[-1]
-        ended = torch.full_like(logprobs[0, 0], float("-inf"))
-        ended[0] = 0.0  # a finished beam can only repeat the end token, at no cost
+        # a finished beam can only repeat the end token, at no cost
+        ended = torch.cat([logprobs.new_zeros(1), logprobs.new_full((vocab - 1,), float("-inf"))])
         logprobs = torch.where(finished.unsqueeze(-1), ended, logprobs)
         top_scores, top_index = (scores.unsqueeze(-1) + logprobs).view(batch, -1).topk(k, dim=1)
         beam, word = top_index // vocab, top_index % vocab
