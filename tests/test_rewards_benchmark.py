@@ -15,7 +15,7 @@ from conftest_rewards import REPO, coco_path
 def test_benchmark_speedup_and_memory():
     coco_path()  # skip with the reason if the shared data is absent
     done = subprocess.run(
-        [sys.executable, "benchmarks/rewards.py", "--batches", "4", "--repeats", "1", "--growth-batches", "400"],
+        [sys.executable, "benchmarks/rewards.py", "--batches", "4", "--repeats", "1", "--growth-batches", "120"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -316,8 +316,8 @@ def beam_search(
     stop_early = device.type == "cpu"
     # built whole, not by item assignment: a Python number written into a CUDA tensor is a host copy,
     # which a CUDA graph cannot capture (caprl.captured)
-    scores = torch.cat([first.new_zeros(batch, 1, dtype=torch.float), first.new_full((batch, k - 1), float("-inf"),
-                                                                           dtype=torch.float)], dim=1)
+    unreached = torch.full((batch, k), float("-inf"), device=device)
+    scores = torch.cat([torch.zeros_like(unreached[:, :1]), unreached[:, 1:]], dim=1)  # one live beam at the start
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
     tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
     prev = torch.zeros(batch * k, dtype=torch.long, device=device)
