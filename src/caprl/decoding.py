@@ -322,12 +322,13 @@ def beam_search(
     tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
     prev = torch.zeros(batch * k, dtype=torch.long, device=device)
     base = (torch.arange(batch, device=device) * k).unsqueeze(1)
+    ended: torch.Tensor | None = None
     for _ in range(max_length):
         out = model.step(prev.unsqueeze(1).expand(-1, model.n_stages), ctx_k, state)
         logprobs = out.logprobs[:, -1].reshape(batch, k, -1)
         vocab = logprobs.shape[-1]
-        # a finished beam can only repeat the end token, at no cost
-        ended = torch.cat([logprobs.new_zeros(1), logprobs.new_full((vocab - 1,), float("-inf"))])
+        if ended is None:  # a finished beam can only repeat the end token, at no cost
+            ended = torch.cat([logprobs.new_zeros(1), logprobs.new_full((vocab - 1,), float("-inf"))])
         logprobs = torch.where(finished.unsqueeze(-1), ended, logprobs)
         top_scores, top_index = (scores.unsqueeze(-1) + logprobs).view(batch, -1).topk(k, dim=1)
         beam, word = top_index // vocab, top_index % vocab

@@ -26,7 +26,6 @@ because a softmax is invariant to it (it would never get a gradient). The coarse
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +75,7 @@ class CoarseToFine(CaptionModel):
         self.embed = nn.Embedding(vocab_size, c.embed_size)
         self.coarse = nn.LSTMCell(c.embed_size + feat_dim + c.hidden_size, c.hidden_size)
         self.mean_columns = slice(c.embed_size, c.embed_size + feat_dim)  # f(V)'s columns of the coarse input
+        self.step_columns = (slice(0, self.mean_columns.start), slice(self.mean_columns.stop, None))  # the rest
         self.fine = nn.ModuleList(nn.LSTMCell(c.embed_size + 2 * c.hidden_size, c.hidden_size) for _ in range(c.n_fine))
         self.attend = nn.ModuleList(StageAttention(feat_dim, c.hidden_size, c.att_hidden_size) for _ in range(c.n_fine))
         self.logits = nn.ModuleList(nn.Linear(c.hidden_size, vocab_size) for _ in range(self.n_stages))
@@ -113,8 +113,7 @@ class CoarseToFine(CaptionModel):
         h, c = state[:s], state[s:]
         word = lambda i: ts.embedding(self.embed, words[:, i])  # noqa: E731  (each stage its own previous word)
         if "mean_gates" in ctx:  # [y^0_{t-1}; h^{Nf}_{t-1}], f(V)'s share of the gates added
-            split: dict[str, Any] = {"gates": ctx["mean_gates"],
-                     "columns": (slice(0, self.mean_columns.start), slice(self.mean_columns.stop, None))}
+            split = {"gates": ctx["mean_gates"], "columns": self.step_columns}
             coarse_in = torch.cat([word(0), h[-1]], dim=1)
         else:
             split, coarse_in = {}, torch.cat([word(0), ctx["mean"], h[-1]], dim=1)
