@@ -213,6 +213,9 @@ def resolve(config: dict[str, Any], per_seed: dict[int, dict[str, Any]]) -> list
             mean, sd, lo, hi = interval(diffs)
             entry.update(mean_a=sum(x for x, _ in pairs) / len(pairs), mean_b=sum(y for _, y in pairs) / len(pairs),
                          diff=mean, sd=sd, lo=lo, hi=hi, verdict=verdict(claim["kind"], lo, hi, entry["margin"]))
+            if all(x == y for x, y in pairs):  # e.g. a run whose every epoch lost to its start: its start's weights
+                entry["why"] = ("a = b in every seed: both sides read the same value (the same weights), "
+                                "so these runs cannot tell the two apart")
         results.append(entry)
     return results
 

@@ -62,6 +62,17 @@ def test_resolve_pairs_seeds_reads_metrics_tables_and_other_metrics_of_one_run()
     assert "| a > b |" in md and "**holds**" in md and "**unresolved**" in md
 
 
+def test_sides_equal_in_every_seed_are_unresolved_and_say_why():
+    per_seed = {s: seed_result(1.0, 1.0, 1.0) for s in range(1, 6)}
+    config = {"claims": [{"id": "x", "text": "a > b", "a": "ds/a", "b": "ds/b", "metric": "metrics.CIDEr-D",
+                          "kind": "greater"}]}
+    (x,) = claims.resolve(config, per_seed)
+    assert x["verdict"] == "unresolved" and x["diff"] == 0.0 and "same weights" in x["why"]
+    per_seed[3]["runs"]["ds/a"]["metrics"]["CIDEr-D"] = 1.01  # one seed differs: no such note
+    (y,) = claims.resolve(config, per_seed)
+    assert "why" not in y
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "claims").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
     """At least 5 seeds and 1,000 test images; every run a claim reads is one the config trains."""
