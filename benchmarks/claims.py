@@ -117,6 +117,7 @@ def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> di
     """Build the seed's scores (and the tables the claims read) with the real workflow; collect them."""
     from caprl.workflow_plan import RETRIEVAL, SCORES, TABLE, build_plan
 
+    workdir = workdir.resolve()  # snakemake runs in it (cwd) and is told it (--directory): one absolute path
     workdir.mkdir(parents=True, exist_ok=True)
     params = seed_params(config, seed)
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
