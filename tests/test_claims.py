@@ -90,3 +90,20 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
                 assert ref.split("/", 1)[1] in runs, (claim["id"], ref)
             else:
                 assert ref["table"] in params["tables"], (claim["id"], ref)
+
+
+@pytest.mark.e2e
+def test_a_seed_runs_the_real_workflow_in_a_relative_workdir(tmp_path, monkeypatch):
+    """run_seed with a relative folder (the default --workdir, claims/): the real Snakemake builds the
+    seed's scores there, once (the folder was resolved twice: claims/p/seed1/claims/p/seed1)."""
+    from conftest import TINY
+
+    monkeypatch.chdir(tmp_path)
+    config = {"params": {**{k: v for k, v in TINY.items() if k != "runs"}, "runs": ["fc-xe"],
+                         "evaluate": {"metrics": ["bleu", "cider_d"], "diversity": {"methods": []}}},
+              "claims": []}
+    out = claims.run_seed(config, 1, claims.Path("claims") / "p" / "seed1", cores=2)
+    scores = out["runs"]["synthetic/fc-xe"]
+    assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
+    assert (tmp_path / "claims" / "p" / "seed1" / "params.yaml").exists()
+    assert not (tmp_path / "claims" / "p" / "seed1" / "claims").exists()
