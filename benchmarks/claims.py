@@ -252,11 +252,17 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
 
 
 def commit() -> str:
+    """HEAD's short hash, ``-dirty`` when a tracked file differs from it, except what this script
+    writes itself (results/claims/, README.md's summary): one paper's run must not mark the next's."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                  ":(exclude)README.md", ":(exclude)results/claims"],
+                                 cwd=REPO, capture_output=True, text=True)
     except OSError:
         return "unknown"
+    name = head.stdout.strip() or "unknown"
+    return f"{name}-dirty" if changed.stdout.strip() else name
 
 
 def summary_markdown(out_dir: Path) -> str:

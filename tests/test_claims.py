@@ -107,3 +107,22 @@ def test_a_seed_runs_the_real_workflow_in_a_relative_workdir(tmp_path, monkeypat
     assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
     assert (tmp_path / "claims" / "p" / "seed1" / "params.yaml").exists()
     assert not (tmp_path / "claims" / "p" / "seed1" / "claims").exists()
+
+
+def test_the_commit_is_dirty_for_code_not_for_the_claims_own_outputs(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q"); git("config", "user.email", "t@t"); git("config", "user.name", "t")
+    (tmp_path / "results" / "claims").mkdir(parents=True)
+    for name in ("README.md", "results/claims/000.md", "code.py"):
+        (tmp_path / name).write_text("a\n")
+    git("add", "."); git("commit", "-qm", "x")
+    monkeypatch.setattr(claims, "REPO", tmp_path)
+    (tmp_path / "README.md").write_text("b\n")  # the summary --readme writes after each paper
+    (tmp_path / "results" / "claims" / "000.md").write_text("b\n")
+    assert not claims.commit().endswith("-dirty")
+    (tmp_path / "code.py").write_text("b\n")
+    assert claims.commit().endswith("-dirty")
