@@ -1,7 +1,8 @@
 """Best-epoch selection scores the starting point: a run that starts from other runs' weights
 (an ``init``) validates them first, as epoch 0, and keeps them unless a trained epoch beats
 them; runs from scratch are unchanged. The real trainer and the real validator (validation
-CIDEr-D of greedy captions, :func:`caprl.training.run.make_validator`) on the toy data."""
+CIDEr-D of the run's evaluation decoding, :func:`caprl.training.run.make_validator`) on the toy
+data."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from caprl import checkpoint
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.xe import CrossEntropy
-from caprl.training.run import history_json, load_inits, make_validator
+from caprl import params as params_mod
+from caprl.errors import CaprlError
+from caprl.evaluation.run import decoded_captions
+from caprl.rewards import build_reward, compute_document_frequencies
+from caprl.training.run import history_json, load_inits, make_validator, validation_decode
 from toy import CONSTANT_LR, FEAT, WORDS, ToyData, decode, fit, toy_trainer
 
 XE = {"lr": 5e-2, "epochs": 6, **CONSTANT_LR}
@@ -40,7 +45,7 @@ def make(seed: int = 0) -> tuple[Any, ObjectiveEnv]:
 
 
 def validator() -> Any:
-    return make_validator(ToyData(), max_length=6)  # type: ignore[arg-type]  # the toy data has what it reads
+    return make_validator(ToyData(), beam_size=1, max_length=6)  # type: ignore[arg-type]  # toy data: what it reads
 
 
 def model_state(path: Path) -> dict[str, torch.Tensor]:
@@ -157,3 +162,33 @@ def test_early_stopping_ends_a_run_patience_epochs_after_its_best(xe_run: Path, 
     again = toy_trainer(objective, model, tmp_path, epochs=XE["epochs"], validate=validator(), init={"model": "fc-xe"})
     again.config.patience = 2
     assert [h["epoch"] for h in fit(again)] == [0, 1, 2]
+
+
+def test_validation_scores_the_captions_of_the_runs_evaluation_decoding(xe_run: Path) -> None:
+    """With ``beam_size`` > 1 the validator scores the best beam of evaluation's own beam search
+    (``caprl evaluate``'s decoder), so a checkpoint is chosen on the decoding its row reports;
+    with 1, the greedy captions."""
+    model = checkpoint.model_from_checkpoint(checkpoint.load(xe_run / "best.pt")).eval()
+    data = ToyData()
+    refs = data.references("val")
+    ids = sorted(refs)
+    scorer = build_reward("cider_d", refs, compute_document_frequencies(refs))
+    for method, beam in (("greedy", 1), ("beam", 3)):
+        captions = decoded_captions(model, data, ids, method, 4, max_length=6, beam_size=beam)  # type: ignore[arg-type]
+        want = float(scorer(ids, [captions[i].split() for i in ids]).mean())
+        got = make_validator(data, beam_size=beam, max_length=6)(model)["CIDEr-D"]  # type: ignore[arg-type]
+        assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_validation_decodes_as_the_run_is_evaluated_unless_told_greedy() -> None:
+    """``train.validate_with``: ``evaluation`` (params.yaml's) takes the run's own decode (beam 5,
+    paper 004's runs beam 2); ``greedy`` is self-critical.pytorch's default; anything else is named."""
+    params = params_mod.load(["params.yaml"])
+    assert params["train"]["validate_with"] == "evaluation"
+    assert validation_decode(params, "fc-scst") == {"beam_size": params["decode"]["beam_size"], "max_length": 16}
+    assert validation_decode(params, "fc-luo2018-lam0_5")["beam_size"] == 2
+    params["train"]["validate_with"] = "greedy"
+    assert validation_decode(params, "fc-scst") == {"beam_size": 1, "max_length": 16}
+    params["train"]["validate_with"] = "beam"
+    with pytest.raises(CaprlError, match="train.validate_with"):
+        validation_decode(params, "fc-scst")

@@ -392,11 +392,17 @@ class Trainer:
 
 
 def greedy_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], max_length: int,
-                    batch_size: int = 100) -> dict[int, list[str]]:
-    """Greedy caption (last stage) of every image, as word lists."""
+                    batch_size: int = 100, beam_size: int = 1) -> dict[int, list[str]]:
+    """The caption (last stage) of every image, as word lists: greedy, or with ``beam_size`` > 1
+    the best beam of a beam search of that width (the decoders of evaluation, :mod:`caprl.decoding`)."""
+    if beam_size > 1:
+        def decode(m: CaptionModel, ctx: Any) -> torch.Tensor:
+            return decoding.beam_decoder(m, ctx, max_length, beam_size=beam_size)
+    else:
+        def decode(m: CaptionModel, ctx: Any) -> torch.Tensor:
+            return decoding.greedy_decoder(m, ctx, max_length)
     out: dict[int, list[str]] = {}
-    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
-                                             lambda m, ctx: decoding.greedy_decoder(m, ctx, max_length),
-                                             batch_size, desc="validation"):
+    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids, decode, batch_size,
+                                             desc="validation"):
         out.update(zip(ids, data.decode(tokens[:, 0])))
     return out

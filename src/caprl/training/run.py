@@ -94,8 +94,29 @@ def fingerprint(paths: list[str | None]) -> list[tuple[str, int, int]]:
     return [(str(p), Path(p).stat().st_size, Path(p).stat().st_mtime_ns) for p in paths if p is not None]
 
 
-def make_validator(data: CaptionData, max_length: int) -> Any:
-    """Validation CIDEr-D of greedy captions, document frequencies from the val references (as coco-eval)."""
+VALIDATE_WITH = ("evaluation", "greedy")
+
+
+def validation_decode(params: dict[str, Any], run: str) -> dict[str, int]:
+    """How validation decodes the captions it scores: ``beam_size`` (1: greedy) and ``max_length``.
+
+    ``train.validate_with: evaluation`` (the default): the run's own evaluation decoding
+    (``decode:`` with the run's ``decode:`` on top), so the checkpoint is chosen on the decoding
+    its table row reports: an RL run is then compared with its XE start under the beam search
+    that gives the start its beam gain, not greedy against greedy (lookahead, which needs the
+    value network, is validated by the beam search of its width). ``greedy``:
+    self-critical.pytorch's default (train.py validates with its ``beam_size``, 1 unless set)."""
+    how = params["train"].get("validate_with", "evaluation")
+    if how not in VALIDATE_WITH:
+        raise CaprlError(f"train.validate_with: {how!r} is not one of {', '.join(VALIDATE_WITH)}")
+    decode = params_mod.run_spec(params, run).decode
+    beam = 1 if how == "greedy" or decode["method"] == "greedy" else int(decode["beam_size"])
+    return {"beam_size": beam, "max_length": int(decode["max_length"])}
+
+
+def make_validator(data: CaptionData, beam_size: int, max_length: int) -> Any:
+    """Validation CIDEr-D of the captions of a beam search of ``beam_size`` (1: greedy), document
+    frequencies from the val references (as coco-eval)."""
     refs = data.references("val")
     if not refs:
         raise CaprlError(f"{data.paths.annotations}: the val split has no images; the best epoch is chosen on "
@@ -104,7 +125,7 @@ def make_validator(data: CaptionData, max_length: int) -> Any:
     ids = sorted(refs)
 
     def validate(model: torch.nn.Module) -> dict[str, float]:
-        caps = greedy_captions(model, data, ids, max_length)
+        caps = greedy_captions(model, data, ids, max_length, beam_size=beam_size)
         return {"CIDEr-D": float(scorer(ids, [caps[i] for i in ids]).mean())}
 
     return validate
@@ -208,8 +229,9 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                       cuda_graphs=t.get("cuda_graphs", False))
     record = run_record(spec, dataset, run)
     reward_name = spec.options.get("reward")
+    val_decode = validation_decode(params, run)
     meta = RunMeta(arch=arch, run=record, vocab_sha256=data.vocab.sha256,
-                   config_hash=config_hash(record, arch, model_params, t, params["seed"], params["decode"],
+                   config_hash=config_hash(record, arch, model_params, t, params["seed"], params["decode"], val_decode,
                                            params["rewards"].get(reward_name) if reward_name else None,
                                            params.get("listener") if objective.modules_to_save() else None,
                                            fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])),
@@ -227,7 +249,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     tags = train_tags(dataset, run, spec, init_run_ids)
     with Tracker(experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
                  stage="train") as tracker:
-        trainer = Trainer(model, objective, data, loop, make_validator(data, loop.max_length), state_dir, meta,
+        trainer = Trainer(model, objective, data, loop, make_validator(data, **val_decode), state_dir, meta,
                           tracker, dist)
         config = tracked_config(params, dataset, run)
         if not trainer.resume():
