@@ -136,8 +136,9 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     table.rows.append(("most frequent training caption", baseline + [baseline[CIDER]] * greedy))  # one caption: any decoder
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing."]
     if greedy:
-        table.notes.append("C greedy: CIDEr-D of the greedy captions, the decoding that selects every run's epoch on "
-                           "validation; RL training gains most there, an XE model most from the beam.")
+        table.notes.append("C greedy: CIDEr-D of the greedy captions; RL training gains most there, an XE model most "
+                           "from the beam. Every run's epoch is chosen on validation by the decoding of its C column "
+                           "(train.validate_with: evaluation; greedy: by C greedy's).")
     table.notes += unavailable_notes(scores) + not_trained + kept_start_notes(views, scores)
     return table
 
