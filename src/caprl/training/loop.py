@@ -391,7 +391,7 @@ class Trainer:
         self.save_state()
 
 
-def greedy_captions(model: CaptionModel, data: CaptionData, image_ids: list[int], max_length: int,
+def caption_words(model: CaptionModel, data: CaptionData, image_ids: list[int], max_length: int,
                     batch_size: int = 100, beam_size: int = 1) -> dict[int, list[str]]:
     """The caption (last stage) of every image, as word lists: greedy, or with ``beam_size`` > 1
     the best beam of a beam search of that width (the decoders of evaluation, :mod:`caprl.decoding`)."""

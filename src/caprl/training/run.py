@@ -33,7 +33,7 @@ from caprl.training import distributed
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.training.distributed import Dist
 from caprl.workflow_plan import CHECKPOINT
-from caprl.training.loop import LoopConfig, Position, RunMeta, Trainer, greedy_captions
+from caprl.training.loop import LoopConfig, Position, RunMeta, Trainer, caption_words
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def make_validator(data: CaptionData, beam_size: int, max_length: int) -> Any:
     ids = sorted(refs)
 
     def validate(model: torch.nn.Module) -> dict[str, float]:
-        caps = greedy_captions(model, data, ids, max_length, beam_size=beam_size)
+        caps = caption_words(model, data, ids, max_length, beam_size=beam_size)
         return {"CIDEr-D": float(scorer(ids, [caps[i] for i in ids]).mean())}
 
     return validate
