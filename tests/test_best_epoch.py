@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from caprl import checkpoint
+from caprl import checkpoint, params as params_mod
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.xe import CrossEntropy
-from caprl import params as params_mod
 from caprl.errors import CaprlError
 from caprl.evaluation.run import decoded_captions
 from caprl.rewards import build_reward, compute_document_frequencies

@@ -392,17 +392,13 @@ class Trainer:
 
 
 def caption_words(model: CaptionModel, data: CaptionData, image_ids: list[int], max_length: int,
-                    batch_size: int = 100, beam_size: int = 1) -> dict[int, list[str]]:
+                  batch_size: int = 100, beam_size: int = 1) -> dict[int, list[str]]:
     """The caption (last stage) of every image, as word lists: greedy, or with ``beam_size`` > 1
-    the best beam of a beam search of that width (the decoders of evaluation, :mod:`caprl.decoding`)."""
-    if beam_size > 1:
-        def decode(m: CaptionModel, ctx: Any) -> torch.Tensor:
-            return decoding.beam_decoder(m, ctx, max_length, beam_size=beam_size)
-    else:
-        def decode(m: CaptionModel, ctx: Any) -> torch.Tensor:
-            return decoding.greedy_decoder(m, ctx, max_length)
+    the best beam of a beam search of that width (evaluation's decoders, :data:`caprl.decoding.DECODERS`)."""
+    decoder = decoding.DECODERS.get("beam" if beam_size > 1 else "greedy", where="validation")
     out: dict[int, list[str]] = {}
-    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids, decode, batch_size,
-                                             desc="validation"):
+    for ids, tokens in decoding.decode_split(model, data.features_of, image_ids,
+                                             lambda m, ctx: decoder(m, ctx, max_length, beam_size=beam_size),
+                                             batch_size, desc="validation"):
         out.update(zip(ids, data.decode(tokens[:, 0])))
     return out
