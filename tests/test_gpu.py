@@ -27,7 +27,7 @@ RUNS = {
     "fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 1}},
     "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 1, "n_samples": 2}},
     "fc-pg_spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
-                     "options": {"epochs": 1, "rollouts": 2}},
+                     "options": {"epochs": 1, "rollouts": 2, "baseline_warmup_steps": 1}},
     "fc-mixer": {"method": "mixer", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 1, "m_start": 4}},
     "fc-sll_me": {"method": "sll", "model": "fc", "init": {"model": "fc-xe"},
                   "options": {"epochs": 1, "n_samples": 2, "entropy": 1.0e-2}},

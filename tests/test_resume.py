@@ -43,7 +43,8 @@ RUNS = {  # replaces params.yaml's runs: just the ones this file trains, XE firs
     "fc-xe": {"method": "xe", "model": "fc", "options": {"epochs": 3, **LR_DECAY}},
     "fc-scst": {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}, "options": {"epochs": 2, "n_samples": 2}},
     "fc-pg_spider": {"method": "pg_spider", "model": "fc", "init": {"model": "fc-xe"},
-                     "options": {"epochs": 2, "rollouts": 2}},  # an objective with a module of its own
+                     "options": {"epochs": 2, "rollouts": 2, "baseline_warmup_steps": 2}},  # a module of its own;
+    # its warm-up ends inside epoch 1, so the kill points resume across it
 }
 N_BATCHES = RESUME["synthetic"]["n_train"] // RESUME["train"]["batch_size"]  # 3
 EPOCHS = {run: spec["options"]["epochs"] for run, spec in RUNS.items()}

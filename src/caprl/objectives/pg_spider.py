@@ -12,7 +12,15 @@ so no gradient reaches the RNN through it, and is trained by MSE towards Q. The 
     L_theta = - sum_t (Q(g_{1:t-1}, g_t) - B_phi(s_t)) log pi(g_t | g_{1:t-1})
 
 is averaged over the sampled tokens of the global batch (as SCST here), and the baseline
-loss ``sum_t (Q - B_phi)^2`` likewise; ``Q - B`` is a constant for the policy. All roll-outs
+loss ``sum_t (Q - B_phi)^2`` likewise; ``Q - B`` is a constant for the policy.
+
+The baseline is fitted before the policy moves (``baseline_warmup_steps``): Liu et al.'s
+Algorithm 1 trains B_phi on Monte-Carlo estimates of Q "on a small subset of D" after the MLE
+stage and before the first policy-gradient update (the summary in shared/papers leaves the
+algorithm out). During those first steps the loss is the baseline's alone: the caption model
+gets no gradient, so its optimiser leaves it as it is. With a fresh baseline (B = 0) every
+sampled word would be reinforced by its whole reward at first, which on the demo took the
+model from 133 to 93 val CIDEr-D in its first epoch (``baseline_warmup_steps: 0`` does that). All roll-outs
 of a batch are decoded as one batch (``caprl.decoding.rollouts_from_prefixes``), in eval
 mode (no dropout) and without gradient. Where the summary is silent: the roll-outs use the
 same sampling temperature as the sample (1), and the baseline is a 2-layer MLP with a
@@ -40,6 +48,7 @@ class PGSpiderOptions(Options):
     reward: str  # a name under `rewards:` (cider_d, bcmr, spider, ...)
     baseline_lr: float  # learning rate of the baseline MLP
     baseline_hidden: int  # hidden units of the baseline MLP (0: a linear regressor)
+    baseline_warmup_steps: int  # first training steps that fit only the baseline (Algorithm 1; 0: none)
 
 
 def baseline_network(hidden_size: int, baseline_hidden: int) -> nn.Module:
@@ -122,5 +131,14 @@ class PGSpider(Objective):
         policy = -self.mean((q - b).detach() * logprobs, mask)
         baseline = self.mean((q - b) ** 2, mask)
         last = (mask.sum(dim=1).long() - 1).clamp(min=0)  # the end token's step: Q = the caption's reward
-        return policy + baseline, {"policy_loss": float(policy.detach()), "baseline_mse": float(baseline.detach()),
-                                   "reward_sample": float(q.gather(1, last.unsqueeze(1)).mean())}
+        metrics = {"policy_loss": float(policy.detach()), "baseline_mse": float(baseline.detach()),
+                   "reward_sample": float(q.gather(1, last.unsqueeze(1)).mean())}
+        if self.warming_up(batch):  # the baseline alone: no gradient reaches the caption model
+            return baseline, metrics
+        return policy + baseline, metrics
+
+    def warming_up(self, batch: Batch) -> bool:
+        """True in the first ``baseline_warmup_steps`` training steps (a pure function of the
+        trainer's step, so a resumed run warms up exactly as an uninterrupted one)."""
+        step = batch.noise.step if batch.noise is not None else 0
+        return step < self.options.baseline_warmup_steps
