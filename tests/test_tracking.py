@@ -178,3 +178,35 @@ def test_an_unanswering_server_costs_seconds_not_minutes(server: str, request: p
               else f"read timeout={HTTP_DEFAULTS['MLFLOW_HTTP_REQUEST_TIMEOUT']}")
     assert waited in proc.stderr, proc.stderr[-2000:]
     assert float(proc.stdout.split("tracking took ")[1].split()[0]) < 60, proc.stdout
+
+
+def test_a_run_retrained_with_other_parameters_gets_a_new_mlflow_run(tracked: dict[str, Any],
+                                                                     dataset: DatasetPaths, tmp_path: Path) -> None:
+    """A researcher changes a run's options and trains it again: its last.pt was written with the
+    old parameters, so training starts afresh, and it logs into a new MLflow run (MLflow refuses
+    to change the parameters of the old one, which used to turn tracking off for the job)."""
+    import dataclasses
+    import shutil
+
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    work = tmp_path / "work"
+    shutil.copytree(dataset.workdir, work)  # the trained runs and their database (the data files are shared)
+    params = yaml.safe_load(dataset.params.read_text())
+    params["runs"]["fc-scst"]["options"] = {"n_samples": 3}
+    changed = work / "params-changed.yaml"
+    changed.write_text(yaml.safe_dump(params))
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    log = train(dataclasses.replace(dataset, workdir=work, params=changed), "fc-scst", uri)
+    assert "written with other parameters: starting this run afresh" in log
+    assert "log_params failed" not in log and "going on without tracking" not in log
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("caprl")
+    runs = client.search_runs([exp.experiment_id], "tags.`caprl.job` = 'synthetic/fc-scst/train'",
+                              order_by=["attributes.start_time ASC"])
+    assert len(runs) == 2, [r.info.run_id for r in runs]
+    old, new = runs
+    assert old.data.params["run.options.n_samples"] != "3" and new.data.params["run.options.n_samples"] == "3"
+    assert new.data.metrics["best/epoch"] >= 0 and old.info.run_id == tracked["scores"].get("mlflow_run_id", old.info.run_id)

@@ -133,6 +133,20 @@ def mlflow_run_id(path: str | os.PathLike[str]) -> str:
     return str(payload.get("mlflow_run_id") or "")
 
 
+def resumable_run_id(path: str | os.PathLike[str], config_hash: str) -> str:
+    """The MLflow run to go on logging into when a training job restarts from ``path`` (its
+    ``last.pt``): the checkpoint's run where it was written with these parameters (``config_hash``),
+    else "" (a run whose parameters changed starts afresh, so it gets a new MLflow run: MLflow
+    refuses to change a run's logged parameters). An unreadable file gives "" too."""
+    try:
+        payload = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # torch raises several types for truncated/foreign files: the trainer says why
+        return ""
+    if str(payload.get("config_hash") or "") != config_hash:
+        return ""
+    return str(payload.get("mlflow_run_id") or "")
+
+
 def save(path: str | os.PathLike[str], checkpoint: Checkpoint) -> None:
     save_payload(path, checkpoint.to_payload())
 

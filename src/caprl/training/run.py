@@ -238,13 +238,8 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                    made_from={**provenance.record(data.annotations),
                               "features": provenance.features_record(data.features.attrs)})
     experiment = params["tracking"]["experiment"]
-    previous = state_dir / "last.pt"
-    run_id = None
-    if previous.exists():
-        try:
-            run_id = checkpoint.mlflow_run_id(previous) or None
-        except CaprlError:
-            run_id = None
+    previous = state_dir / "last.pt"  # a resumed job logs on into its MLflow run; changed parameters: a new one
+    run_id = (checkpoint.resumable_run_id(previous, meta.config_hash) or None) if previous.exists() else None
     init_run_ids = {role: checkpoint.mlflow_run_id(path) for role, path in inits.items() if Path(path).is_file()}
     tags = train_tags(dataset, run, spec, init_run_ids)
     with Tracker(experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
