@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from caprl import decoding
-from caprl.models import build_model
+from caprl.decoding import Noise
+from caprl.models import build_model, timeshared
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.pg_spider import monte_carlo_q
 from toy import CONSTANT_LR, WORDS, count_red, decode
@@ -133,10 +136,6 @@ def test_pg_spider_options_are_typed() -> None:
 
 
 def _with_step(batch: Batch, step: int) -> Batch:
-    import dataclasses
-
-    from caprl.decoding import Noise
-
     return dataclasses.replace(batch, noise=Noise(seed=1, step=step, total=len(batch.image_ids)))
 
 
@@ -159,13 +158,25 @@ def test_warmup_fits_the_baseline_alone_then_the_policy_moves() -> None:
             assert float(loss.detach()) == pytest.approx(metrics["baseline_mse"])
 
 
+def test_warmup_steps_leave_no_taped_use_of_the_caption_model_pending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At COCO sizes the decode's layers are taped (:mod:`caprl.models.timeshared`); a warm-up step
+    whose loss does not reach the decode must not record uses (the trainer's check would stop the
+    run), so the warm-up decodes without gradient; after it the policy's backward reaches them all."""
+    monkeypatch.setattr(timeshared, "MIN_TAPED", 0)  # tape these tiny layers as the COCO-sized ones are
+    model, batch, env = setup()
+    objective = build_objective("pg_spider", {**OPTIONS, "baseline_warmup_steps": 1}, env, model)
+    for step in (0, 1):
+        timeshared.reset(model)
+        loss, _ = objective.loss(model, _with_step(batch, step))
+        loss.backward()
+        timeshared.check(model)
+
+
 def test_q_weighted_gradient_matches_reinforce_in_expectation() -> None:
     """Eq. (Q_theta estimated by K roll-outs) is unbiased: over many noise draws, the gradient of
     sum_t Q(g_{1:t}) log pi(g_t) agrees in direction and size with REINFORCE's sum_t R log pi(g_t)
     (the same policy, whole-caption reward); a wrong prefix/roll-out alignment or a Q on the
     wrong step breaks both."""
-    import dataclasses
-
     model, batch, env = setup("fc", n_images=4)
     objective = build_objective("pg_spider", OPTIONS, env, model)
     params = list(model.parameters())
@@ -186,7 +197,7 @@ def test_q_weighted_gradient_matches_reinforce_in_expectation() -> None:
 
     def reinforce(step: int) -> torch.Tensor:
         model.zero_grad()
-        b = dataclasses.replace(batch, noise=decoding.Noise(seed=2, step=step, total=4))
+        b = dataclasses.replace(batch, noise=Noise(seed=2, step=step, total=4))
         s = decoding.sample(model, model.encode(b.pooled, b.regions), env.max_length, noise=b.noise)
         r = torch.tensor(count_red(b.image_ids, env.decode_words(s.tokens[:, -1])), dtype=torch.float32)
         (-(r[:, None] * s.logprobs[:, -1] * s.mask[:, -1]).sum()).backward()

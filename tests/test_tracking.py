@@ -209,4 +209,9 @@ def test_a_run_retrained_with_other_parameters_gets_a_new_mlflow_run(tracked: di
     assert len(runs) == 2, [r.info.run_id for r in runs]
     old, new = runs
     assert old.data.params["run.options.n_samples"] != "3" and new.data.params["run.options.n_samples"] == "3"
-    assert new.data.metrics["best/epoch"] >= 0 and old.info.run_id == tracked["scores"].get("mlflow_run_id", old.info.run_id)
+    from caprl.checkpoint import mlflow_run_id
+    from caprl.workflow_plan import CHECKPOINT
+
+    assert new.data.metrics["best/epoch"] >= 0
+    original = dataset.workdir / CHECKPOINT.format(dataset="synthetic", run="fc-scst")  # the first training's
+    assert mlflow_run_id(original) == old.info.run_id and mlflow_run_id(work / original.relative_to(dataset.workdir)) == new.info.run_id

@@ -123,24 +123,28 @@ def load_payload(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CaprlError(f"{p}: not a readable caprl checkpoint ({type(exc).__name__}: {exc})") from exc
 
 
-def mlflow_run_id(path: str | os.PathLike[str]) -> str:
-    """The MLflow run of the training job that wrote the checkpoint ("" for none), read without
-    loading its tensors (memory-mapped): evaluation and training jobs link their runs to it."""
+def _header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's payload memory-mapped (its tensors are not read): for its small fields."""
     try:
-        payload = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises several types for truncated/foreign files
         raise CaprlError(f"{path}: not a readable caprl checkpoint ({type(exc).__name__}: {exc})") from exc
-    return str(payload.get("mlflow_run_id") or "")
+
+
+def mlflow_run_id(path: str | os.PathLike[str]) -> str:
+    """The MLflow run of the training job that wrote the checkpoint ("" for none), read without
+    loading its tensors: evaluation and training jobs link their runs to it."""
+    return str(_header(path).get("mlflow_run_id") or "")
 
 
 def resumable_run_id(path: str | os.PathLike[str], config_hash: str) -> str:
     """The MLflow run to go on logging into when a training job restarts from ``path`` (its
     ``last.pt``): the checkpoint's run where it was written with these parameters (``config_hash``),
     else "" (a run whose parameters changed starts afresh, so it gets a new MLflow run: MLflow
-    refuses to change a run's logged parameters). An unreadable file gives "" too."""
+    refuses to change a run's logged parameters). An unreadable file gives "" too (the trainer says why)."""
     try:
-        payload = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # torch raises several types for truncated/foreign files: the trainer says why
+        payload = _header(path)
+    except CaprlError:
         return ""
     if str(payload.get("config_hash") or "") != config_hash:
         return ""
