@@ -9,6 +9,7 @@ import torch
 
 from caprl import decoding
 from caprl.models import build_model
+from caprl.models.attention import attend
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.tables import paper_numbers
 from caprl.tables.render import Cell
@@ -100,7 +101,7 @@ def test_stacked_query_is_h_plus_previous_attended_feature_by_hand() -> None:
     alpha = torch.softmax(torch.randn(3, REGIONS), dim=-1)
     att1 = model.attend[0]  # stage 1's W_{v alpha}, b_{v alpha}
     by_hand = h + torch.einsum("bn,bnh->bh", alpha, regions @ att1.w_value.weight.T + att1.w_value.bias)
-    g = torch.bmm(alpha.unsqueeze(1), ctx["values"][0]).squeeze(1)  # stage 1's attended feature g^1
+    g = attend(alpha, ctx["values"][0])  # stage 1's attended feature g^1
     assert torch.allclose(model.attention_query(h, g), by_hand, atol=1e-5)
     assert torch.equal(model.attention_query(h, None), h)  # alpha^0 = 0: hbar^0 = h^0
 
@@ -113,7 +114,7 @@ def test_only_stacked_attention_depends_on_the_previous_stage_weights(arch: str)
     h = torch.randn(3, 16)
     sharp = torch.eye(REGIONS)[:3]
     flat = torch.full((3, REGIONS), 1.0 / REGIONS)
-    stage1 = lambda alpha: torch.bmm(alpha.unsqueeze(1), ctx["values"][0]).squeeze(1)  # noqa: E731  (g^1_t)
+    stage1 = lambda alpha: attend(alpha, ctx["values"][0])  # noqa: E731  (g^1_t)
     g_a, alpha_a = model.attend_stage(2, ctx, h, stage1(sharp))
     g_b, alpha_b = model.attend_stage(2, ctx, h, stage1(flat))
     changed = not torch.allclose(alpha_a, alpha_b)

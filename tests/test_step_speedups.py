@@ -123,14 +123,20 @@ def test_taped_gradients_equal_plain_autograd(arch: str, kind: str) -> None:
         torch.testing.assert_close(taped[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_memory_lean_attention_scores_have_exact_gradients() -> None:
+@pytest.mark.parametrize("rows", [None, [0, 0, 1, 1], [1, 0, 1]], ids=["per-row", "images-in-order", "any-rows"])
+def test_memory_lean_attention_scores_have_exact_gradients(rows: list[int] | None) -> None:
+    """Keys per row, or per image (:class:`Shared`) read by rows in order or in any order."""
     from caprl.models.attention import _AdditiveScores
+    from caprl.models.base import Shared
 
     gen = torch.Generator().manual_seed(0)
-    args = [torch.randn(3, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True),
-            torch.randn(3, 4, generator=gen, dtype=torch.float64, requires_grad=True),
+    n = 3 if rows is None else len(rows)
+    data = torch.randn(3 if rows is None else 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    keys = None if rows is None else Shared(data, torch.tensor(rows))
+    args = [data,
+            torch.randn(n, 4, generator=gen, dtype=torch.float64, requires_grad=True),
             torch.randn(4, generator=gen, dtype=torch.float64, requires_grad=True),
-            torch.randn(1, generator=gen, dtype=torch.float64, requires_grad=True), None]
+            torch.randn(1, generator=gen, dtype=torch.float64, requires_grad=True), None, keys]
     assert torch.autograd.gradcheck(_AdditiveScores.apply, args)
 
 

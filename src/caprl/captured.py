@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from caprl.models import timeshared
-from caprl.models.base import batch_tensors, map_batch
+from caprl.models.base import batch_tensors, map_tensors
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,10 +47,10 @@ def set_enabled(on: bool) -> None:
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
-    """:func:`~caprl.models.base.map_batch`, also into the fields of a dataclass (a decode's Samples)."""
+    """:func:`~caprl.models.base.map_tensors`, also into the fields of a dataclass (a decode's Samples)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: map_batch(fn, getattr(obj, f.name)) for f in dataclasses.fields(obj)})
-    return map_batch(fn, obj)
+        return dataclasses.replace(obj, **{f.name: map_tensors(fn, getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+    return map_tensors(fn, obj)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

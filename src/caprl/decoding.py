@@ -99,7 +99,8 @@ class Noise:
 
 
 def expand(ctx: Batch, n: int) -> Batch:
-    """Repeat every image's context ``n`` times (image-major: rows i*n .. i*n+n-1)."""
+    """Repeat every image's context ``n`` times (image-major: rows i*n .. i*n+n-1); a per-image
+    :class:`~caprl.models.base.Shared` entry repeats its row map, not its data."""
     return ctx if n == 1 else map_batch(lambda t: t.repeat_interleave(n, dim=0), ctx)
 
 

@@ -56,10 +56,62 @@ class StepOutput(NamedTuple):
     hidden: torch.Tensor  # [B, S, H]: the hidden state each stage's word distribution is read from
 
 
+class Shared:
+    """A context tensor stored once per image ``data [images, ...]`` and read by decode rows
+    through ``rows [N]`` (each row's image). Row operations (:func:`map_batch`: expanding to
+    ``n`` captions per image, dropping ended rows, sorting by length) move ``rows`` and leave
+    ``data`` alone, so an image's regions are stored, read and (their gradient) summed once
+    however many rows decode it (:func:`caprl.models.attention.attend`). Made by :func:`shared`
+    on a CPU only: on a GPU the rows' layout would need a host read, and copies are cheap there."""
+
+    __slots__ = ("data", "rows", "_layout")
+
+    def __init__(self, data: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        self.data = data
+        self.rows = torch.arange(data.shape[0], device=data.device) if rows is None else rows
+        self._layout: tuple[int, torch.Tensor | None] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the per-row tensor this stands for."""
+        return (self.rows.shape[0], *self.data.shape[1:])
+
+    def layout(self) -> tuple[int, torch.Tensor | None]:
+        """``(m, pos)``: the rows laid out on a grid of ``m`` slots per image, ``pos [N]`` each
+        row's place in it (``image * m + slot``); ``pos`` None when the rows are the images in
+        order, ``m`` each (the grid is the rows themselves). Computed once per row map."""
+        if self._layout is None:
+            images, n = self.data.shape[0], self.rows.shape[0]
+            m = n // images if images else 0
+            if m * images == n and torch.equal(self.rows, torch.arange(images, device=self.rows.device)
+                                               .repeat_interleave(m)):
+                self._layout = (m, None)
+            else:
+                counts = torch.bincount(self.rows, minlength=images)
+                order = torch.argsort(self.rows, stable=True)
+                starts = counts.cumsum(0) - counts
+                slot = torch.empty_like(self.rows)
+                slot[order] = torch.arange(n, device=self.rows.device) - starts.index_select(0, self.rows[order])
+                m = int(counts.max())
+                self._layout = (m, self.rows * m + slot)
+        return self._layout
+
+
+SHARE_ON_CPU = True  # tests switch it off to compare with per-row copies (what a GPU decodes)
+
+
+def shared(data: torch.Tensor) -> "torch.Tensor | Shared":
+    """``data [images, ...]`` as a :class:`Shared` context entry on a CPU; itself elsewhere."""
+    return Shared(data) if SHARE_ON_CPU and data.device.type == "cpu" else data
+
+
 def batch_tensors(obj: Batch) -> Iterator[torch.Tensor]:
-    """Every tensor of a nested tuple/list/dict, in order (what :func:`map_batch` maps)."""
+    """Every tensor of a nested tuple/list/dict, in order (a :class:`Shared`: its rows, then its data)."""
     if isinstance(obj, torch.Tensor):
         yield obj
+    elif isinstance(obj, Shared):
+        yield obj.rows
+        yield obj.data
     elif isinstance(obj, dict):
         for v in obj.values():
             yield from batch_tensors(v)
@@ -69,14 +121,28 @@ def batch_tensors(obj: Batch) -> Iterator[torch.Tensor]:
 
 
 def map_batch(fn: Callable[[torch.Tensor], torch.Tensor], obj: Batch) -> Batch:
-    """Apply ``fn`` to every tensor of a nested tuple/list/dict (for expand and reorder)."""
+    """A row operation ``fn`` (expand, reorder, select, slice) on every tensor of a nested
+    tuple/list/dict; a :class:`Shared` entry's row map is moved, its per-image data kept."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
+    if isinstance(obj, Shared):
+        return Shared(obj.data, fn(obj.rows))
     if isinstance(obj, dict):
         return {k: map_batch(fn, v) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
         return type(obj)(map_batch(fn, v) for v in obj)
     return obj
+
+
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Batch) -> Batch:
+    """``fn`` on every tensor, a :class:`Shared` entry's data included (clones, copies, moves)."""
+    if isinstance(obj, Shared):
+        return Shared(fn(obj.data), fn(obj.rows))
+    if isinstance(obj, dict):
+        return {k: map_tensors(fn, v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(fn, v) for v in obj)
+    return fn(obj) if isinstance(obj, torch.Tensor) else obj
 
 
 _STEPPED: tuple[int, torch.Tensor] | None = None  # inside stepped_rows: (rows of the batch, the stepped rows)

@@ -18,7 +18,7 @@ from torch import nn
 
 from caprl.models.attention import AdditiveAttention
 from caprl.models import timeshared as ts
-from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model, shared
 
 
 @dataclass
@@ -44,7 +44,8 @@ class SoftAttention(CaptionModel):
         self.logit = nn.Linear(c.embed_size, vocab_size)  # L_o
 
     def encode(self, pooled: torch.Tensor, regions: torch.Tensor) -> Batch:
-        return {"feats": regions, "proj": self.attention.precompute(regions), "mean": regions.mean(dim=1)}
+        return {"feats": shared(regions), "proj": shared(self.attention.precompute(regions)),
+                "mean": regions.mean(dim=1)}
 
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:
         return (torch.tanh(self.init_h(ctx["mean"])), torch.tanh(self.init_c(ctx["mean"])))

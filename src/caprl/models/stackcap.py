@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from caprl.models import timeshared as ts
-from caprl.models.attention import additive_scores
-from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
+from caprl.models.attention import additive_scores, attend
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, Shared, StepCore, register_model, shared
 
 
 @dataclass
@@ -56,11 +56,12 @@ class StageAttention(nn.Module):
         """``(W_va V [B, R, A], W_{v alpha} V + b [B, R, H])``, once per image."""
         return self.w_va(regions), self.w_value(regions)
 
-    def forward(self, keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, keys: torch.Tensor | Shared, values: torch.Tensor | Shared,
+                query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(g [B, H], alpha [B, R])`` from precomputed keys/values and the query ``[B, H]``."""
         scores = additive_scores(keys, ts.linear(self.w_ha, query, bias=None), self.w_alpha)
         alpha = torch.softmax(scores, dim=-1)
-        return torch.bmm(alpha.unsqueeze(1), values).squeeze(1), alpha
+        return attend(alpha, values), alpha
 
 
 class CoarseToFine(CaptionModel):
@@ -87,7 +88,7 @@ class CoarseToFine(CaptionModel):
         projected once here (the coarse input is ``[y^0_{t-1}; f(V); h^{Nf}_{t-1}]``)."""
         keys, values = zip(*(att.precompute(regions) for att in self.attend))
         mean = regions.mean(dim=1)
-        ctx = {"mean": mean, "keys": tuple(keys), "values": tuple(values)}
+        ctx = {"mean": mean, "keys": tuple(map(shared, keys)), "values": tuple(map(shared, values))}
         if type(self.coarse) is nn.LSTMCell:  # a replaced cell (tests) reads its whole input
             ctx["mean_gates"] = F.linear(mean, self.coarse.weight_ih[:, self.mean_columns])
         return ctx

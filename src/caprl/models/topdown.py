@@ -10,7 +10,7 @@ from torch import nn
 
 from caprl.models.attention import AdditiveAttention
 from caprl.models import timeshared as ts
-from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model
+from caprl.models.base import Batch, CaptionModel, ModelConfig, RowDropout, StepCore, register_model, shared
 
 
 @dataclass
@@ -39,7 +39,7 @@ class TopDown(CaptionModel):
         # the attention LSTM reads [h_lang, mean, word]: the mean's share of its gates is the
         # same at every step, so it is projected once here
         h = self.config.hidden_size
-        return {"feats": feats, "proj": self.attention.precompute(feats), "mean": mean,
+        return {"feats": shared(feats), "proj": shared(self.attention.precompute(feats)), "mean": mean,
                 "mean_gates": F.linear(mean, self.att_lstm.weight_ih[:, h : 2 * h])}
 
     def init_state(self, ctx: Batch) -> tuple[torch.Tensor, ...]:

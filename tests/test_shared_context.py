@@ -1,0 +1,177 @@
+"""Per-image context on a CPU (caprl.models.base.Shared): an image's regions stored once and read
+by its rows through a row map, the attended feature one product per image. Every decode and loss
+must equal the per-row copies a GPU decodes with (SHARE_ON_CPU off): the same captions, losses and
+gradients to 1e-6, through live-row shrinking, XE's length sort and beam search."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from caprl import decoding, live_rows
+from caprl.models import MODELS, base, build_model
+from caprl.models import timeshared as ts
+from caprl.models.attention import attend
+from caprl.models.base import Shared, map_batch, map_tensors
+
+ATTENTION = ["softatt", "topdown", "stackcap", "stackcap_star"]
+
+
+def ending_model(arch: str) -> Any:
+    """A small ``arch`` model (dropout 0.5) whose end token is likely at every step: captions of every length."""
+    torch.manual_seed(0)
+    fields = MODELS.get(arch).config_class.__dataclass_fields__
+    options = {k: v for k, v in {"embed_size": 16, "hidden_size": 32, "att_hidden_size": 16}.items() if k in fields}
+    model = build_model(arch, {**options, "dropout": 0.5}, 12, 8, 4)
+    for name, p in model.named_parameters():
+        if name.endswith("bias") and p.shape[0] == 12:
+            with torch.no_grad():
+                p[0] += 2.0
+    return model
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_layout_places_every_row_of_an_image_in_its_own_slot() -> None:
+    data = torch.zeros(3, 2)
+    in_order = Shared(data, torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert in_order.layout() == (2, None)
+    rows = torch.tensor([2, 0, 2, 1, 2, 0])  # any order, unequal counts
+    m, pos = Shared(data, rows).layout()
+    assert m == 3 and pos is not None
+    assert torch.equal(pos // m, rows) and len(set(pos.tolist())) == len(rows)
+    assert Shared(data).shape == (3, 2) and Shared(data, rows).shape == (6, 2)
+
+
+def test_row_operations_move_the_row_map_and_copies_take_the_data() -> None:
+    data = torch.randn(2, 3, 4)
+    ctx = {"feats": Shared(data), "mean": torch.randn(2, 4)}
+    expanded = decoding.expand(ctx, 3)
+    assert expanded["feats"].data is data and expanded["feats"].rows.tolist() == [0, 0, 0, 1, 1, 1]
+    picked = map_batch(lambda t: t.index_select(0, torch.tensor([5, 1])), expanded)
+    assert picked["feats"].rows.tolist() == [1, 0] and picked["mean"].shape == (2, 4)
+    cloned = map_tensors(torch.clone, expanded)  # what a CUDA graph's static inputs are made with
+    assert cloned["feats"].data.data_ptr() != data.data_ptr() and torch.equal(cloned["feats"].data, data)
+    assert decoding._first(expanded).shape[0] == 6  # a decode counts rows, not images
+
+
+@pytest.mark.parametrize("rows", [[0, 0, 1, 1], [1, 0, 1, 1, 0]])
+def test_attend_equals_a_product_per_row(rows: list[int]) -> None:
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(2, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    alpha = torch.softmax(torch.randn(len(rows), 5, generator=gen, dtype=torch.float64), -1).requires_grad_()
+    index = torch.tensor(rows)
+    per_row = torch.bmm(alpha.unsqueeze(1), data.index_select(0, index)).squeeze(1)
+    torch.testing.assert_close(attend(alpha, Shared(data, index)), per_row)
+    assert torch.autograd.gradcheck(lambda a, d: attend(a, Shared(d, index)), (alpha, data))
+
+
+@pytest.fixture(params=["plain", "taped"])
+def taped(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The attention scores as plain autograd (small layers), or through the memory-lean tape."""
+    if request.param == "taped":
+        monkeypatch.setattr(ts, "MIN_TAPED", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("arch", ATTENTION)
+def test_a_training_decode_equals_per_row_copies(arch: str, taped: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCST's decode: 3 samples per image with gradients, ended rows dropped as they end (the rows
+    then read their images out of order), a greedy decode beside it."""
+    model = ending_model(arch).train()
+    pooled, regions = torch.randn(20, 8), torch.randn(20, 4, 8)
+    runs = []
+    for share in (True, False):
+        monkeypatch.setattr(base, "SHARE_ON_CPU", share)
+        torch.manual_seed(7)  # the dropout masks' stream
+        model.zero_grad(set_to_none=True)
+        ts.reset(model)
+        ctx = model.encode(pooled, regions)
+        assert isinstance(ctx["mean"], torch.Tensor)
+        samples = decoding.sample(model, ctx, 10, n=3, noise=decoding.Noise(seed=2, step=1, total=20))
+        with torch.no_grad():
+            greedy = decoding.sample(model, ctx, 10, greedy=True)
+        loss = (samples.logprobs * samples.mask * torch.linspace(-1, 1, 60).view(60, 1, 1)).sum()
+        loss.backward()
+        ts.check(model)
+        runs.append((samples, greedy, loss, grads(model)))
+    (a, ga, loss_a, grads_a), (b, gb, loss_b, grads_b) = runs
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(ga.tokens, gb.tokens)
+    assert 0 < float(a.mask.sum(-1).min()) < float(a.mask.sum(-1).max()) < 10  # rows ended: shrinks happened
+    torch.testing.assert_close(a.attention, b.attention, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-6, rtol=1e-6)
+    assert_same_grads(grads_a, grads_b)
+
+
+@pytest.mark.parametrize("arch", ATTENTION)
+def test_xe_over_unequal_captions_per_image_equals_per_row_copies(arch: str, taped: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """XE reads each image's captions (here 1 to 3 of them) sorted by length, and drops rows as
+    captions end: the log-probabilities and gradients of per-row copies."""
+    model = ending_model(arch).train()
+    gen = torch.Generator().manual_seed(3)
+    pooled, regions = torch.randn(4, 8, generator=gen), torch.randn(4, 4, 8, generator=gen)
+    label_image = torch.tensor([0, 0, 1, 2, 2, 2, 3, 3])
+    labels = torch.randint(1, 12, (8, 7), generator=gen)
+    for row, length in enumerate([7, 3, 5, 1, 7, 2, 4, 6]):
+        labels[row, length:] = 0
+    runs = []
+    for share in (True, False):
+        monkeypatch.setattr(base, "SHARE_ON_CPU", share)
+        torch.manual_seed(5)
+        model.zero_grad(set_to_none=True)
+        ts.reset(model)
+        ctx = map_batch(lambda t: t.index_select(0, label_image), model.encode(pooled, regions))
+        logprobs = model.token_logprobs(ctx, labels)
+        (-logprobs.sum()).backward()
+        ts.check(model)
+        runs.append((logprobs.detach(), grads(model)))
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-6, rtol=1e-6)
+    assert_same_grads(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("arch", ATTENTION)
+def test_beam_search_equals_per_row_copies(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ending_model(arch).eval()
+    pooled, regions = torch.randn(6, 8), torch.randn(6, 4, 8)
+    runs = []
+    for share in (True, False):
+        monkeypatch.setattr(base, "SHARE_ON_CPU", share)
+        with torch.no_grad():
+            runs.append(decoding.beam_search(model, model.encode(pooled, regions), 3, 10))
+    assert torch.equal(runs[0][0], runs[1][0])
+    torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-6, rtol=1e-6)
+
+
+def test_a_gpu_context_is_per_row_copies() -> None:
+    """Off a CPU the context stays plain tensors (a row map's layout would need a host read)."""
+    data = torch.zeros(2, 3, device="meta")
+    assert base.shared(data) is data
+    assert isinstance(base.shared(torch.zeros(2, 3)), Shared)
+
+
+def test_pg_spider_rollouts_equal_per_row_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Monte-Carlo roll-outs continue every prefix k times: the row map is repeated with them."""
+    model = ending_model("topdown").eval()
+    pooled, regions = torch.randn(4, 8), torch.randn(4, 4, 8)
+    runs = []
+    for share in (True, False):
+        monkeypatch.setattr(base, "SHARE_ON_CPU", share)
+        with torch.no_grad():
+            ctx = model.encode(pooled, regions)
+            samples = decoding.sample(model, ctx, 6, n=2, noise=decoding.Noise(seed=1, step=0, total=4),
+                                      keep_states=True)
+            runs.append(decoding.rollouts_from_prefixes(model, samples, 2, 6,
+                                                        noise=decoding.Noise(seed=3, step=0, total=8)))
+    assert torch.equal(runs[0], runs[1])
+    assert live_rows.SHRINK_AT > 0
