@@ -113,17 +113,19 @@ def test_a_training_decode_equals_per_row_copies(arch: str, taped: str, monkeypa
     assert_same_grads(grads_a, grads_b)
 
 
+@pytest.mark.parametrize("images", [[0, 0, 1, 2, 2, 2, 3, 3], [0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3]],
+                         ids=["sparse", "dense"])  # dense: most of the grid's slots are rows (computed whole)
 @pytest.mark.parametrize("arch", ATTENTION)
-def test_xe_over_unequal_captions_per_image_equals_per_row_copies(arch: str, taped: str,
+def test_xe_over_unequal_captions_per_image_equals_per_row_copies(arch: str, images: list[int], taped: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """XE reads each image's captions (here 1 to 3 of them) sorted by length, and drops rows as
+    """XE reads each image's captions (1 to 3 of them) sorted by length, and drops rows as
     captions end: the log-probabilities and gradients of per-row copies."""
     model = ending_model(arch).train()
     gen = torch.Generator().manual_seed(3)
     pooled, regions = torch.randn(4, 8, generator=gen), torch.randn(4, 4, 8, generator=gen)
-    label_image = torch.tensor([0, 0, 1, 2, 2, 2, 3, 3])
-    labels = torch.randint(1, 12, (8, 7), generator=gen)
-    for row, length in enumerate([7, 3, 5, 1, 7, 2, 4, 6]):
+    label_image = torch.tensor(images)
+    labels = torch.randint(1, 12, (len(images), 7), generator=gen)
+    for row, length in enumerate([7, 3, 5, 1, 7, 2, 4, 6, 3, 5, 2][: len(images)]):
         labels[row, length:] = 0
     runs = []
     for share in (True, False):

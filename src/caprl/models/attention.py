@@ -27,7 +27,10 @@ class _AdditiveScores(torch.autograd.Function):
     def forward(ctx: Any, data: torch.Tensor, query: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, tape: ts.Tape | None, keys: Shared | None) -> torch.Tensor:
         query, weight = query.to(data.dtype), weight.to(data.dtype)
-        scores = _tanh_sum(data if keys is None else keys, query).matmul(weight)
+        e, grid = _tanh_sum(data if keys is None else keys, query)
+        scores = e.matmul(weight)
+        if grid is not None:
+            scores = scores.index_select(0, grid)
         ctx.save_for_backward(data, query, weight)
         ctx.keys = keys
         if tape is not None:  # taped only if data is the first use's or a prefix of its rows
@@ -46,23 +49,27 @@ class _AdditiveScores(torch.autograd.Function):
     def backward(ctx: Any, d_scores: torch.Tensor) -> tuple[Any, ...]:
         data, query, weight = ctx.saved_tensors
         keys = data if ctx.keys is None else ctx.keys
-        e = _tanh_sum(keys, query)
+        e, grid = _tanh_sum(keys, query)
         d_scores = d_scores.to(data.dtype)
+        if grid is not None:  # the grid's rows, zeros in its empty slots
+            d_scores = d_scores.new_zeros(e.shape[:2]).index_copy(0, grid, d_scores)
         d_weight = torch.einsum("br,bra->a", d_scores, e) if ctx.needs_input_grad[2] else None
         d_bias = d_scores.sum().reshape(1) if ctx.needs_input_grad[3] else None
         d_pre = e.mul_(e).neg_().add_(1).mul_(d_scores.unsqueeze(-1)).mul_(weight)  # the workspace, in place
         d_query = d_pre.sum(1) if ctx.needs_input_grad[1] else None
+        if d_query is not None and grid is not None:
+            d_query = d_query.index_select(0, grid)
         d_data = None
         if ctx.needs_input_grad[0]:
             tape: ts.Tape | None = ctx.tape
             if tape is None:
-                d_data = _per_image(keys, d_pre) if ctx.keys is not None else d_pre.clone()
+                d_data = _per_image(keys, d_pre, grid is not None) if ctx.keys is not None else d_pre.clone()
             else:  # one buffer for the sum over steps (rows: the first use's), handed over by the last backward
                 if ctx.keys is not None:
                     if not tape.grads:
-                        tape.grads.append(_per_image(keys, d_pre))
+                        tape.grads.append(_per_image(keys, d_pre, grid is not None))
                     else:
-                        _per_image(keys, d_pre, into=tape.grads[0])
+                        _per_image(keys, d_pre, grid is not None, into=tape.grads[0])
                 else:
                     rows = d_pre.shape[0]
                     if not tape.grads:
@@ -82,11 +89,12 @@ class _AdditiveScores(torch.autograd.Function):
         return d_data, d_query, d_weight, d_bias, None, None
 
 
-def _per_image(keys: Shared, d_rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-    """The rows' gradient ``[N, ...]`` summed per image ``[images, ...]`` (added to ``into``)."""
+def _per_image(keys: Shared, d_rows: torch.Tensor, on_grid: bool, into: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows' gradient ``[N, ...]`` (``on_grid``: the whole grid's) summed per image ``[images, ...]``
+    (added to ``into``)."""
     m, pos = keys.layout()
     images = keys.data.shape[0]
-    if pos is None:
+    if pos is None or on_grid:
         summed = d_rows.view(images, m, *d_rows.shape[1:]).sum(1)
         return summed if into is None else into.add_(summed)
     if into is None:
@@ -95,22 +103,38 @@ def _per_image(keys: Shared, d_rows: torch.Tensor, into: torch.Tensor | None = N
 
 
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+DENSE = 0.9  # rows filling at least this share of their grid are computed on the whole grid (below, a gather is cheaper)
 
 
-def _tanh_sum(keys: "torch.Tensor | Shared", query: torch.Tensor) -> torch.Tensor:
-    """``tanh(keys + query[:, None])`` ``[N, R, A]`` in a workspace reused by every step: the
-    temporary of each step would otherwise be a fresh allocation (at COCO sizes 18 MiB, 16
+def _tanh_sum(keys: "torch.Tensor | Shared", query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(tanh(keys + query[:, None]), None)`` ``[N, R, A]`` in a workspace reused by every step:
+    the temporary of each step would otherwise be a fresh allocation (at COCO sizes 18 MiB, 16
     times forward and backward per step), which the C allocator turns into fragmented,
-    never-returned memory. Only read before the next call (it is never saved or returned)."""
+    never-returned memory. Only read before the next call (it is never saved or returned).
+
+    For :class:`Shared` keys whose rows fill most of their grid (XE's captions sorted by length,
+    samples after a first shrink) it is ``(e, pos)``: ``e`` over the whole grid of ``m`` slots per
+    image (a broadcast of each image's keys, no gather; empty slots read a zero query), the rows
+    at ``pos``."""
     data = keys.data if isinstance(keys, Shared) else keys
-    shape = tuple(keys.shape)
-    numel = shape[0] * data[0].numel() if data.shape[0] else 0
+    grid: torch.Tensor | None = None
+    rows = keys.shape[0]
+    if isinstance(keys, Shared):
+        m, pos = keys.layout()
+        if pos is not None and rows >= DENSE * data.shape[0] * m:
+            grid, rows = pos, data.shape[0] * m
+    numel = rows * data[0].numel() if data.shape[0] else 0
     key = (data.device, data.dtype)
     buffer = _WORKSPACE.get(key)
     if buffer is None or buffer.numel() < numel:
         buffer = _WORKSPACE[key] = torch.empty(numel, device=data.device, dtype=data.dtype)
-    out = buffer[:numel].view(shape)
-    return _add_rows(keys, query, out).tanh_()
+    out = buffer[:numel].view(rows, *data.shape[1:])
+    if grid is None:
+        return _add_rows(keys, query, out).tanh_(), None
+    wide = query.new_zeros(rows, query.shape[-1]).index_copy(0, grid, query)
+    torch.add(data.unsqueeze(1), wide.view(data.shape[0], -1, 1, query.shape[-1]),
+              out=out.view(data.shape[0], -1, *data.shape[1:]))
+    return out.tanh_(), grid
 
 
 def _add_rows(keys: "torch.Tensor | Shared", query: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
