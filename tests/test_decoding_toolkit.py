@@ -11,6 +11,7 @@ import torch
 from caprl import decoding
 from caprl.decoding import DECODERS, ESTIMATORS
 from caprl.models import build_model
+from toy import ending_model
 
 V = 7
 
@@ -115,21 +116,6 @@ def test_decode_split_covers_every_image_once_in_batches() -> None:
         assert tokens.shape[0] == len(ids) <= 3
         seen += ids
     assert seen == list(lookup)
-
-
-def ending_model(arch: str) -> Any:
-    """A small ``arch`` model (dropout 0.5) whose end token is likely at every step: captions of every length."""
-    from caprl.models import MODELS
-
-    torch.manual_seed(0)
-    fields = MODELS.get(arch).config_class.__dataclass_fields__
-    options = {k: v for k, v in {"embed_size": 16, "hidden_size": 32, "att_hidden_size": 16}.items() if k in fields}
-    model = build_model(arch, {**options, "dropout": 0.5}, 12, 8, 4)
-    for name, p in model.named_parameters():
-        if name.endswith("bias") and p.shape[0] == 12:
-            with torch.no_grad():
-                p[0] += 2.0
-    return model
 
 
 def count_shrinks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:

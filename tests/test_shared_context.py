@@ -5,31 +5,17 @@ gradients to 1e-6, through live-row shrinking, XE's length sort and beam search.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
 from caprl import decoding, live_rows
-from caprl.models import MODELS, base, build_model
+from caprl.models import base
 from caprl.models import timeshared as ts
 from caprl.models.attention import attend
 from caprl.models.base import Shared, map_batch, map_tensors
+from toy import ending_model
 
 ATTENTION = ["softatt", "topdown", "stackcap", "stackcap_star"]
-
-
-def ending_model(arch: str) -> Any:
-    """A small ``arch`` model (dropout 0.5) whose end token is likely at every step: captions of every length."""
-    torch.manual_seed(0)
-    fields = MODELS.get(arch).config_class.__dataclass_fields__
-    options = {k: v for k, v in {"embed_size": 16, "hidden_size": 32, "att_hidden_size": 16}.items() if k in fields}
-    model = build_model(arch, {**options, "dropout": 0.5}, 12, 8, 4)
-    for name, p in model.named_parameters():
-        if name.endswith("bias") and p.shape[0] == 12:
-            with torch.no_grad():
-                p[0] += 2.0
-    return model
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

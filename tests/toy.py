@@ -125,3 +125,18 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def same(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> bool:
     """Every tensor of the module's state equals the snapshot's."""
     return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+
+
+def ending_model(arch: str) -> Any:
+    """A small ``arch`` model (dropout 0.5) whose end token is likely at every step: captions of every length."""
+    from caprl.models import MODELS, build_model
+
+    torch.manual_seed(0)
+    fields = MODELS.get(arch).config_class.__dataclass_fields__
+    options = {k: v for k, v in {"embed_size": 16, "hidden_size": 32, "att_hidden_size": 16}.items() if k in fields}
+    model = build_model(arch, {**options, "dropout": 0.5}, 12, 8, 4)
+    for name, p in model.named_parameters():
+        if name.endswith("bias") and p.shape[0] == 12:
+            with torch.no_grad():
+                p[0] += 2.0
+    return model

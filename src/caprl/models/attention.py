@@ -103,7 +103,7 @@ def _per_image(keys: Shared, d_rows: torch.Tensor, on_grid: bool, into: torch.Te
 
 
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-DENSE = 0.9  # rows filling at least this share of their grid are computed on the whole grid (below, a gather is cheaper)
+DENSE = 0.9  # rows filling at least this share of their grid are computed whole (below it a gather is cheaper)
 
 
 def _tanh_sum(keys: "torch.Tensor | Shared", query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
