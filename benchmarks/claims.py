@@ -6,27 +6,41 @@
 A claims configuration (``configs/claims/<paper>_<name>.yaml``) holds the paper's claims and
 ``params:``, overrides of params.yaml (its ``runs:`` replace params.yaml's) sized to resolve
 them: at least 5 seeds and 1,000 test images, the values of params.yaml (chosen on validation by
-``snakemake tuning``) unless the config says otherwise. For each seed, params.yaml with the
-overrides and that seed (data, initialisation, sampling: everything) is written to
-``<workdir>/<paper>/seed<k>/`` and the real workflow (``snakemake``) builds every evaluated run's
-test scores and the tables the claims read; within a seed all methods start from the same XE
-run, so differences are paired. A claim compares two values of every seed:
+``snakemake tuning``) unless the config says otherwise. The seeds are the config's, fixed before
+the run: a verdict uses every one of them. For each seed, params.yaml with the overrides and that
+seed (data, initialisation, sampling: everything) is written to ``<workdir>/<paper>/seed<k>/``
+and the real workflow (``snakemake``) builds every evaluated run's test scores (and what the
+tables the claims read need); within a seed all methods start from the same XE run, so
+differences are paired. A claim compares two values of every seed:
 
 * ``a``/``b``: ``<dataset>/<run>`` with ``metric`` (a path into its score file:
   ``metrics.CIDEr-D``, ``diversity.rs.Div-2``, ``lookahead.metrics.CIDEr-D``, ``retrieval.R@10``;
   ``b_metric``: another path for side b, e.g. one run's lookahead against its beam search),
-  or ``{table: <table>, row: <row label>, column: <column>}`` (a cell of the dataset's table
-  CSV, e.g. paper 004's recall at a matched CIDEr-D);
-* ``kind``: ``greater`` (a > b), ``less`` (a < b), ``at_least`` (a >= b - ``margin``).
+  or ``{table: <table>, row: <row label>, column: <column>}`` (a cell of the dataset's table,
+  e.g. paper 004's recall at a matched CIDEr-D; ``scale: 100`` prints a fraction in %);
+* ``kind``: ``greater`` (a > b), ``less`` (a < b), ``at_least`` (a >= b - ``margin``; only where
+  the paper says "comparable" / "not worse", with ``margin_reason``);
+* ``source``: the paper's sentence or table cell the claim states.
 
-The difference d = a - b (b - a for ``less``) of each seed gives the mean and the 95% Student-t
-interval over seeds; the verdict is ``holds`` if the interval lies above 0 (above -margin for
-``at_least``), ``reversed`` if it lies below 0 (below -margin), else ``unresolved``. Language
-metrics are in % (as the papers print them), diversity ratios and recalls as written.
+The tables a claim reads are built here, for each seed, by the pipeline's own table code from the
+seed's score files, with each run's *validation* numbers attached (``caprl.tables.validation``:
+the val metrics of the epoch its evaluated checkpoint holds, from ``runs/<ds>/<run>/history.json``):
+an ``auto`` operating point (paper 004's matched CIDEr-D or R@5) is then chosen on the validation
+curves and every method's test curve is read there (``caprl.tables.operating``). A test curve that
+does not reach it leaves its cell empty.
 
-Writes ``results/claims/<paper>.md`` and ``.json`` (every seed's values) and
-``results/claims/summary.md`` (every paper's claims found there); ``--readme`` copies the
-summary, with the commit and date, between the claims markers of README.md.
+Verdicts. The difference d = a - b (b - a for ``less``) of each seed gives the mean and the 95%
+Student-t interval over the config's seeds. ``greater`` / ``less``: **holds** if the interval lies
+above 0, **reversed** if below 0; ``at_least``: **holds** if it lies above -margin (a is not worse
+than b by the margin or more), **reversed** if below -margin; else **unresolved**. A claim is
+**unresolved**, with no interval, where any seed of the config has no value on either side (a run
+without scores, a metric missing, an empty table cell, e.g. a curve that does not reach the
+operating point): the reason names the seed; never a verdict on the other seeds. Language metrics
+are in % (as the papers print them), diversity ratios and recalls as written.
+
+Writes ``results/claims/<paper>.md`` and ``.json`` (every seed's values, validation numbers and
+tables) and ``results/claims/summary.md`` (every paper's claims found there); ``--readme`` copies
+the summary, with the commit and date, between the claims markers of README.md.
 """
 
 from __future__ import annotations
@@ -52,8 +66,16 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "claims"
 PERCENT = ("metrics.", "lookahead.metrics.", "diversity.rs.CIDEr-D", "diversity.bs.CIDEr-D")
 KINDS = ("greater", "less", "at_least")
+OPERATORS = {"greater": ">", "less": "<", "at_least": "≥"}
 README_START, README_END = "<!-- claims:start -->", "<!-- claims:end -->"
 MIN_SEEDS = 5
+LEGEND = ("The difference d is a - b (b - a for '<'), per seed; its mean and 95% Student-t interval are over "
+          "every seed of the config (the seeds column). Verdict: '>' and '<' claims **hold** if the interval "
+          "lies above 0 and are **reversed** if it lies below 0; a '≥' claim (margin m: the paper says "
+          "\"comparable\") **holds** if the interval lies above -m (a not worse than b by m or more) and is "
+          "**reversed** if it lies below -m; else **unresolved**. A seed without a value on either side (a "
+          "missing run or metric, an empty table cell: a curve not reaching the operating point) makes the "
+          "claim unresolved, the seed named: never a verdict on the other seeds.")
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -71,35 +93,66 @@ def config_path(paper: str) -> Path:
 
 
 def load_config(path: Path) -> dict[str, Any]:
+    """The config, checked: its seeds (at least MIN_SEEDS distinct integers, fixed before the run)
+    and every claim's id, text, source, sides and kind (``at_least``: a positive ``margin`` and its
+    ``margin_reason``)."""
     config = yaml.safe_load(path.read_text())
     for key in ("paper", "title", "seeds", "params", "claims"):
         if key not in config:
             raise SystemExit(f"{path}: missing key {key!r}")
+    seeds = config["seeds"]
+    if (not isinstance(seeds, list) or len(seeds) < MIN_SEEDS or len(set(seeds)) != len(seeds)
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise SystemExit(f"{path}: seeds must be at least {MIN_SEEDS} distinct integers, got {seeds!r}")
+    ids = [claim.get("id") for claim in config["claims"]]
+    if len(set(ids)) != len(ids):
+        raise SystemExit(f"{path}: claim ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
     for claim in config["claims"]:
+        missing = [k for k in ("id", "text", "source", "a", "b") if not claim.get(k)]
+        if missing:
+            raise SystemExit(f"{path}: claim {claim.get('id')}: missing {missing}")
         if claim.get("kind") not in KINDS:
             raise SystemExit(f"{path}: claim {claim.get('id')}: kind must be one of {KINDS}")
+        if claim["kind"] == "at_least" and not (float(claim.get("margin", 0)) > 0 and claim.get("margin_reason")):
+            raise SystemExit(f"{path}: claim {claim['id']}: at_least needs a positive margin and its margin_reason")
+        if claim["kind"] != "at_least" and "margin" in claim:
+            raise SystemExit(f"{path}: claim {claim['id']}: a margin belongs to at_least claims only")
     return config
 
 
 def seed_params(config: dict[str, Any], seed: int) -> dict[str, Any]:
     """params.yaml with the config's overrides and the seed. Its ``runs:`` replace params.yaml's: a
-    list names params.yaml's runs (their values, chosen on validation, as they stand), a mapping
-    gives the entries; ``run_overrides:`` then merges into named runs' entries (e.g. another sweep)."""
+    list names params.yaml's runs (their values, chosen on validation, as they stand), an item
+    ``{name: entry}`` of it (or a mapping for the whole) gives a run of the config's own;
+    ``run_overrides:`` then merges into named runs' entries (e.g. another sweep)."""
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     overrides = {k: v for k, v in config["params"].items() if k not in ("runs", "run_overrides")}
     params = merge(base, overrides)
     runs = config["params"]["runs"]
     if isinstance(runs, list):
-        unknown = [r for r in runs if r not in base["runs"]]
+        named = [r for r in runs if isinstance(r, str)]
+        unknown = [r for r in named if r not in base["runs"]]
         if unknown:
             raise SystemExit(f"claims config: runs {unknown} are not in params.yaml's runs:")
-        runs = {r: base["runs"][r] for r in runs}
+        entries: dict[str, Any] = {}
+        for item in runs:
+            if isinstance(item, str):
+                entries[item] = base["runs"][item]
+            elif isinstance(item, dict):
+                entries.update(item)
+            else:
+                raise SystemExit(f"claims config: runs: {item!r} is neither a run's name nor {{name: entry}}")
+        runs = entries
     params["runs"] = copy.deepcopy(runs)
     for run, entry in config["params"].get("run_overrides", {}).items():
         params["runs"][run] = merge(params["runs"][run], entry)
     params["tuning"] = {"budget": params["tuning"]["budget"], "runs": {}}  # the claims train no tuning points
     params["seed"] = seed
     return params
+
+
+def ref_dataset(claim: dict[str, Any], ref: dict[str, Any]) -> str:
+    return ref.get("dataset", claim.get("dataset", "synthetic"))
 
 
 def tables_read(config: dict[str, Any]) -> set[tuple[str, str]]:
@@ -109,13 +162,56 @@ def tables_read(config: dict[str, Any]) -> set[tuple[str, str]]:
         for side in ("a", "b"):
             ref = claim[side]
             if isinstance(ref, dict):
-                out.add((ref.get("dataset", claim.get("dataset", "synthetic")), ref["table"]))
+                out.add((ref_dataset(claim, ref), ref["table"]))
+    return out
+
+
+def validation_numbers(workdir: Path, jobs: list[Any]) -> dict[str, dict[str, float]]:
+    """``<dataset>/<run>`` -> the val numbers of the epoch its checkpoint holds (its history.json's
+    ``best_epoch`` record, :mod:`caprl.tables.validation`); {} for a run without a history."""
+    from caprl.tables import validation
+
+    out: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        path = workdir / job.history
+        out[f"{job.dataset}/{job.run}"] = validation.read(path, job.run) if path.exists() else {}
+    return out
+
+
+def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, str]],
+                val: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """``<dataset>/<table>`` -> {csv, title, notes}: each table built by the pipeline's own code
+    (``caprl tables``) from the seed's score and retrieval files, with every run's validation
+    numbers attached (auto operating points chosen on validation, read on test); also written
+    to ``<workdir>/claims_tables/``."""
+    from caprl import params as params_mod
+    from caprl.tables import validation
+    from caprl.tables.build import FORMATS, build_tables, load_scores
+    from caprl.tables.runs import dataset_runs, gold_retrieval_runs
+    from caprl.workflow_plan import RESULTS
+
+    expanded = params_mod.expand_tuning(params_mod.expand_sweeps(copy.deepcopy(params)))
+    out: dict[str, dict[str, Any]] = {}
+    folder = workdir / "claims_tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    for ds, name in tables:
+        runs = [view.name for view in dataset_runs(expanded, ds)]
+        gold = [view.name for view in gold_retrieval_runs(expanded, ds)]
+        scores = load_scores(workdir / RESULTS.format(dataset=ds), runs, ds, gold)
+        scores = validation.attach(scores, {run.split("/", 1)[1]: v for run, v in val.items()
+                                            if run.startswith(f"{ds}/")})
+        table = build_tables(expanded, ds, scores, [name])[name]
+        for ext, render in FORMATS.items():
+            (folder / f"{ds}_{name}.{ext}").write_text(render(table))
+        out[f"{ds}/{name}"] = {"csv": FORMATS["csv"](table), "title": table.title, "notes": list(table.notes)}
     return out
 
 
 def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> dict[str, Any]:
-    """Build the seed's scores (and the tables the claims read) with the real workflow; collect them."""
-    from caprl.workflow_plan import RETRIEVAL, SCORES, TABLE, build_plan
+    """Build the seed's scores (and what the tables the claims read need) with the real workflow;
+    collect them, every trained run's validation numbers, and those tables (built here, their
+    operating points chosen on validation)."""
+    from caprl.workflow_plan import RETRIEVAL, SCORES, build_plan
 
     workdir = workdir.resolve()  # snakemake runs in it (cwd) and is told it (--directory): one absolute path
     workdir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +221,8 @@ def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> di
     jobs = [job for ds in plan.datasets for job in plan.evaluated(ds)]
     tables = sorted(tables_read(config))
     targets = [job.result(SCORES) for job in jobs] + [job.result(RETRIEVAL) for job in jobs if job.retrieval]
-    targets += [TABLE.format(dataset=ds, table=t, ext="csv") for ds, t in tables]
+    for ds in sorted({ds for ds, _ in tables}):
+        targets += [t for t in plan.table_inputs(ds) if t not in targets]  # the gold-caption recalls too
     env = {**os.environ, "CAPRL_PARAMS_SCHEMA": str(REPO / "workflow/schemas/params.schema.yaml"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}"}
     started = time.time()
@@ -134,19 +231,28 @@ def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> di
                                str(cores), "--keep-going", *targets], env=env, cwd=workdir, stdout=log, stderr=log)
     if done.returncode != 0:
         raise SystemExit(f"seed {seed}: the workflow failed; see {workdir / 'snakemake.log'} and {workdir / 'logs'}")
-    out: dict[str, Any] = {"seconds": round(time.time() - started), "runs": {}, "tables": {}}
+    out: dict[str, Any] = {"seconds": round(time.time() - started), "runs": {}, "validation": {}, "tables": {},
+                           "table_notes": {}}
     for job in jobs:
         scores = json.loads((workdir / job.result(SCORES)).read_text())
         if job.retrieval:
             retrieval = json.loads((workdir / job.result(RETRIEVAL)).read_text())
             scores["retrieval"] = {k: v for k, v in retrieval.items() if k != "ranks"}
         out["runs"][f"{job.dataset}/{job.run}"] = scores
-    for ds, table in tables:
-        out["tables"][f"{ds}/{table}"] = (workdir / TABLE.format(dataset=ds, table=table, ext="csv")).read_text()
+    out["validation"] = validation_numbers(workdir, [job for ds in plan.datasets for job in plan.trained(ds)])
+    if tables:
+        for key, built in seed_tables(params, workdir, tables, out["validation"]).items():
+            out["tables"][key] = built["csv"]
+            out["table_notes"][key] = [built["title"], *built["notes"]]
     return out
 
 
+class Missing(Exception):
+    """A side of a claim has no value in a seed; the message says why."""
+
+
 def table_cell(csv_text: str, row: str, column: str, where: str) -> float:
+    """The cell's number; nan where it shows none (—). KeyError: no such row or column."""
     rows = list(csv.reader(io.StringIO(csv_text)))
     header = rows[0]
     if column not in header:
@@ -158,17 +264,47 @@ def table_cell(csv_text: str, row: str, column: str, where: str) -> float:
     raise KeyError(f"{where}: no row {row!r} (rows: {[r[0] for r in rows[1:]]})")
 
 
+def empty_cell_reason(seed: dict[str, Any], key: str, row: str, column: str) -> str:
+    """Why a table cell is empty: the table's note on the row (e.g. its curve's range against the
+    operating point), else the bare fact."""
+    notes = seed.get("table_notes", {}).get(key, [])
+    own = [n for n in notes if n.startswith(f"{row}, {column}:")] or [n for n in notes if n.startswith(f"{row}:")]
+    own.sort(key=lambda n: " spans " not in n)  # a curve's range against the point first
+    table = key.split("/", 1)[1]
+    if own:
+        detail = own[0].split(": ", 1)[1].rstrip(".")
+        if " spans " in detail:
+            return f"{row}'s curve does not reach the operating point ({table}, {column}: {detail})"
+        return f"{row} has no value in {table}, {column} ({detail})"
+    return f"{table} has no value in row {row!r}, column {column!r}"
+
+
 def value_of(seed: dict[str, Any], claim: dict[str, Any], side: str) -> float:
-    """Side ``a`` or ``b`` of a claim in one seed's results (nan where the table has no number);
-    ``b_metric`` names another metric of side b (e.g. lookahead against beam search of one run)."""
+    """Side ``a`` or ``b`` of a claim in one seed's results; :class:`Missing` (with the reason)
+    where it has none. ``b_metric`` names another metric of side b (e.g. lookahead against beam
+    search of one run)."""
     ref = claim[side]
     if isinstance(ref, dict):
-        ds = ref.get("dataset", claim.get("dataset", "synthetic"))
-        return table_cell(seed["tables"][f"{ds}/{ref['table']}"], ref["row"], ref["column"], f"{ds}_{ref['table']}")
+        key = f"{ref_dataset(claim, ref)}/{ref['table']}"
+        if key not in seed.get("tables", {}):
+            raise Missing(f"no table {key}")
+        try:
+            value = table_cell(seed["tables"][key], ref["row"], ref["column"], key)
+        except KeyError as exc:
+            raise Missing(str(exc.args[0])) from None
+        if math.isnan(value):
+            raise Missing(empty_cell_reason(seed, key, ref["row"], ref["column"]))
+        return value * float(ref.get("scale", 1.0))
     path = claim.get(f"{side}_metric", claim["metric"])
+    if ref not in seed.get("runs", {}):
+        raise Missing(f"run {ref} has no scores")
     value: Any = seed["runs"][ref]
     for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise Missing(f"run {ref} has no {path}")
         value = value[key]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(float(value)):
+        raise Missing(f"run {ref}'s {path} is not a number ({value!r})")
     return float(value) * (100.0 if path.startswith(PERCENT) else 1.0)
 
 
@@ -188,6 +324,8 @@ def interval(diffs: list[float]) -> tuple[float, float, float, float]:
 
 
 def verdict(kind: str, lo: float, hi: float, margin: float = 0.0) -> str:
+    """``greater``/``less`` (the difference already signed): holds above 0, reversed below 0;
+    ``at_least``: holds above -margin, reversed below -margin; else unresolved."""
     floor = -margin if kind == "at_least" else 0.0
     if lo > floor:
         return "holds"
@@ -197,24 +335,42 @@ def verdict(kind: str, lo: float, hi: float, margin: float = 0.0) -> str:
 
 
 def resolve(config: dict[str, Any], per_seed: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every claim over every seed of the config. A seed without a value on either side (not
+    run, a run or metric missing, an empty table cell) makes the claim unresolved, with each
+    such seed's reason: never a verdict on the other seeds."""
+    seeds = list(config["seeds"])
     results = []
     for claim in config["claims"]:
-        seeds = sorted(per_seed)
-        a = [value_of(per_seed[s], claim, "a") for s in seeds]
-        b = [value_of(per_seed[s], claim, "b") for s in seeds]
-        sign = -1.0 if claim["kind"] == "less" else 1.0
-        pairs = [(x, y) for x, y in zip(a, b) if not (math.isnan(x) or math.isnan(y))]
-        entry = {**{k: claim[k] for k in ("id", "text", "source", "kind") if k in claim},
-                 "margin": float(claim.get("margin", 0.0)), "a": a, "b": b, "seeds": seeds, "n": len(pairs)}
-        if len(pairs) < 2:
+        sides: dict[str, list[float]] = {"a": [], "b": []}
+        missing = []
+        for s in seeds:
+            if s not in per_seed:
+                missing.append(f"seed {s}: not run")
+                sides["a"].append(math.nan)
+                sides["b"].append(math.nan)
+                continue
+            why = []
+            for side in ("a", "b"):
+                try:
+                    sides[side].append(value_of(per_seed[s], claim, side))
+                except Missing as exc:
+                    sides[side].append(math.nan)
+                    why.append(str(exc))
+            if why:
+                missing.append(f"seed {s}: " + "; ".join(dict.fromkeys(why)))
+        a, b = sides["a"], sides["b"]
+        entry = {**{k: claim[k] for k in ("id", "text", "source", "kind", "margin_reason") if k in claim},
+                 "margin": float(claim.get("margin", 0.0)), "a": a, "b": b, "seeds": seeds, "n": len(seeds),
+                 "n_read": len(seeds) - len(missing), "missing": missing}
+        if missing:
             entry.update(mean_a=math.nan, mean_b=math.nan, diff=math.nan, sd=math.nan, lo=math.nan, hi=math.nan,
-                         verdict="unresolved", why=f"only {len(pairs)} seed(s) with both values")
+                         verdict="unresolved", why="; ".join(missing))
         else:
-            diffs = [sign * (x - y) for x, y in pairs]
-            mean, sd, lo, hi = interval(diffs)
-            entry.update(mean_a=sum(x for x, _ in pairs) / len(pairs), mean_b=sum(y for _, y in pairs) / len(pairs),
-                         diff=mean, sd=sd, lo=lo, hi=hi, verdict=verdict(claim["kind"], lo, hi, entry["margin"]))
-            if all(x == y for x, y in pairs):  # e.g. a run whose every epoch lost to its start: its start's weights
+            sign = -1.0 if claim["kind"] == "less" else 1.0
+            mean, sd, lo, hi = interval([sign * (x - y) for x, y in zip(a, b)])
+            entry.update(mean_a=sum(a) / len(a), mean_b=sum(b) / len(b), diff=mean, sd=sd, lo=lo, hi=hi,
+                         verdict=verdict(claim["kind"], lo, hi, entry["margin"]))
+            if all(x == y for x, y in zip(a, b)):  # e.g. a run whose every epoch lost to its start: its start's weights
                 entry["why"] = ("a = b in every seed: both sides read the same value (the same weights), "
                                 "so these runs cannot tell the two apart")
         results.append(entry)
@@ -226,10 +382,13 @@ def _f(x: float, digits: int = 2) -> str:
 
 
 def claim_line(r: dict[str, Any]) -> str:
-    op = {"greater": ">", "less": "<", "at_least": "≥"}[r["kind"]]
+    """One claim's row. The seeds column is the config's seed count; an unresolved claim with a
+    seed missing says which in its verdict cell."""
+    op = OPERATORS[r["kind"]]
     margin = f" (margin {r['margin']:g})" if r["kind"] == "at_least" else ""
+    reason = f": {'; '.join(r['missing'])}" if r.get("missing") else ""
     return (f"| {r['text']} | {r.get('source', '')} | {_f(r['mean_a'])} {op} {_f(r['mean_b'])}{margin} | "
-            f"{_f(r['diff'])} | [{_f(r['lo'])}, {_f(r['hi'])}] | {r['n']} | **{r['verdict']}** |")
+            f"{_f(r['diff'])} | [{_f(r['lo'])}, {_f(r['hi'])}] | {r['n']} | **{r['verdict']}**{reason} |")
 
 
 HEADER = ["| claim | paper | mean a vs b | paired diff | 95% CI | seeds | verdict |", "|---|---|---|---|---|---|---|"]
@@ -237,14 +396,14 @@ HEADER = ["| claim | paper | mean a vs b | paired diff | 95% CI | seeds | verdic
 
 def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Paper {config['paper']}: {config['title']}", "",
-             f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), paired within a seed; "
-             f"{meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores; commit {meta['commit']}, "
-             f"{meta['date']}. Config: `{meta['config']}`. The difference is a - b (b - a for '<'); "
-             "verdict: the 95% Student-t interval over seeds above 0 (above -margin for '≥'): holds; below: "
-             "reversed; else unresolved.", "", *HEADER, *map(claim_line, results), ""]
+             f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), fixed in the config before the run, "
+             f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores; "
+             f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
+             "", *HEADER, *map(claim_line, results), ""]
     for r in results:
         lines.append(f"* {r['text']}: a = {', '.join(_f(x) for x in r['a'])}; b = {', '.join(_f(x) for x in r['b'])}"
-                     + (f" ({r['why']})" if r.get("why") else ""))
+                     + (f" ({r['why']})" if r.get("why") and not r.get("missing") else "")
+                     + (f" Margin: {r['margin_reason']}" if r.get("margin_reason") else ""))
     notes = config.get("notes", [])
     if notes:
         lines += ["", "Notes:", "", *[f"* {n}" for n in notes]]
@@ -292,17 +451,16 @@ def run_paper(paper: str, args: argparse.Namespace) -> None:
     path = config_path(paper)
     config = load_config(path)
     seeds = config["seeds"][: args.seeds] if args.seeds else config["seeds"]
-    if len(seeds) < MIN_SEEDS and not args.seeds:
-        raise SystemExit(f"{path}: at least {MIN_SEEDS} seeds")
     started = time.time()
     per_seed = {}
     for seed in seeds:
         per_seed[seed] = run_seed(config, seed, Path(args.workdir) / paper / f"seed{seed}", args.cores)
         print(f"paper {paper}: seed {seed} done in {per_seed[seed]['seconds']} s", flush=True)
-    results = resolve(config, per_seed)
+    results = resolve(config, per_seed)  # every seed of the config: a seed not run leaves each claim unresolved
     params = seed_params(config, seeds[0])
-    meta = {"n_seeds": len(seeds), "seeds": seeds, "seconds": round(time.time() - started), "cores": args.cores,
-            "commit": commit(), "date": datetime.date.today().isoformat(), "config": str(path.relative_to(REPO)),
+    meta = {"n_seeds": len(config["seeds"]), "seeds": config["seeds"], "seeds_run": seeds,
+            "seconds": round(time.time() - started), "cores": args.cores, "commit": commit(),
+            "date": datetime.date.today().isoformat(), "config": str(path.relative_to(REPO)),
             "test_images": params["synthetic"]["n_test"]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,7 +475,9 @@ def main() -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--paper", help="000, 001, 002, 003 or 004")
     which.add_argument("--all", action="store_true")
-    parser.add_argument("--seeds", type=int, default=0, help="only the first N seeds of the config (a quick look)")
+    parser.add_argument("--seeds", type=int, default=0,
+                        help="run only the first N seeds of the config (a quick look: a verdict needs every seed "
+                             "of the config, so every claim is then unresolved, the seeds not run named)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--workdir", default="claims", help="per-seed workflows: <workdir>/<paper>/seed<k>/")
     parser.add_argument("--out", default=str(REPO / "results" / "claims"))

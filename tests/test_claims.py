@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 
 import pytest
+import yaml
 from scipy import stats
 
 from conftest import REPO
@@ -43,7 +45,7 @@ def seed_result(a: float, b: float, look: float) -> dict:
 
 def test_resolve_pairs_seeds_reads_metrics_tables_and_other_metrics_of_one_run():
     per_seed = {s: seed_result(1.0 + 0.01 * s, 0.9, 1.2) for s in range(1, 6)}
-    config = {"claims": [
+    config = {"seeds": [1, 2, 3, 4, 5], "claims": [
         {"id": "x", "text": "a > b", "a": "ds/a", "b": "ds/b", "metric": "metrics.CIDEr-D", "kind": "greater"},
         {"id": "y", "text": "look", "a": "ds/a", "b": "ds/a", "metric": "lookahead.metrics.CIDEr-D",
          "b_metric": "metrics.CIDEr-D", "kind": "at_least", "margin": 1.0},
@@ -55,7 +57,8 @@ def test_resolve_pairs_seeds_reads_metrics_tables_and_other_metrics_of_one_run()
     assert x["diff"] == pytest.approx(13.0) and x["verdict"] == "holds" and x["n"] == 5
     assert y["mean_a"] == pytest.approx(120.0) and y["verdict"] == "holds"
     assert z["a"] == [41.5] * 5 and all(math.isnan(v) for v in z["b"])
-    assert z["verdict"] == "unresolved" and "0 seed(s)" in z["why"]  # a curve that never reaches the point
+    assert z["verdict"] == "unresolved" and z["n"] == 5 and z["n_read"] == 0  # a curve that never reaches the point
+    assert z["missing"][0] == "seed 1: psst_table2 has no value in row 'Luo et al. 2018', column 'R@10'"
     md = claims.paper_markdown({"paper": "9", "title": "t"}, [x, y, z],
                                {"n_seeds": 5, "seeds": [1, 2, 3, 4, 5], "test_images": 1000, "seconds": 1,
                                 "cores": 2, "commit": "abc", "date": "2026-01-01", "config": "c.yaml"})
@@ -64,7 +67,7 @@ def test_resolve_pairs_seeds_reads_metrics_tables_and_other_metrics_of_one_run()
 
 def test_sides_equal_in_every_seed_are_unresolved_and_say_why():
     per_seed = {s: seed_result(1.0, 1.0, 1.0) for s in range(1, 6)}
-    config = {"claims": [{"id": "x", "text": "a > b", "a": "ds/a", "b": "ds/b", "metric": "metrics.CIDEr-D",
+    config = {"seeds": [1, 2, 3, 4, 5], "claims": [{"id": "x", "text": "a > b", "a": "ds/a", "b": "ds/b", "metric": "metrics.CIDEr-D",
                           "kind": "greater"}]}
     (x,) = claims.resolve(config, per_seed)
     assert x["verdict"] == "unresolved" and x["diff"] == 0.0 and "same weights" in x["why"]
@@ -75,7 +78,9 @@ def test_sides_equal_in_every_seed_are_unresolved_and_say_why():
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "claims").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
-    """At least 5 seeds and 1,000 test images; every run a claim reads is one the config trains."""
+    """At least 5 seeds and 1,000 test images; every claim states its source; every run a claim reads
+    is one the config trains, every table one its dataset builds; a table read at a matched recall
+    has as many val images as test images (validation recall is on the test recall's scale)."""
     from caprl import params as params_mod
 
     config = claims.load_config(path)
@@ -84,12 +89,22 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
     assert params["synthetic"]["n_test"] >= 1000
     runs = params_mod.expand_sweeps(params)["runs"]
     for claim in config["claims"]:
+        assert claim["source"] and (claim["kind"] != "at_least" or claim["margin_reason"]), claim["id"]
         for side in ("a", "b"):
             ref = claim[side]
             if isinstance(ref, str):
                 assert ref.split("/", 1)[1] in runs, (claim["id"], ref)
             else:
+                dataset = claims.ref_dataset(claim, ref)
                 assert ref["table"] in params["tables"], (claim["id"], ref)
+                assert ref["table"] in params_mod.dataset_tables(params, dataset), (claim["id"], ref)
+                if ref["table"] in ("psst_table1", "psst_table6"):
+                    assert params["synthetic"]["n_val"] == params["synthetic"]["n_test"], claim["id"]
+
+
+def test_the_five_papers_state_at_least_32_claims():
+    configs = [claims.load_config(p) for p in sorted((REPO / "configs" / "claims").glob("*.yaml"))]
+    assert len(configs) == 5 and sum(len(c["claims"]) for c in configs) >= 32
 
 
 @pytest.mark.e2e
@@ -105,6 +120,7 @@ def test_a_seed_runs_the_real_workflow_in_a_relative_workdir(tmp_path, monkeypat
     out = claims.run_seed(config, 1, claims.Path("claims") / "p" / "seed1", cores=2)
     scores = out["runs"]["synthetic/fc-xe"]
     assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
+    assert 0 <= out["validation"]["synthetic/fc-xe"]["CIDEr-D"]  # its history's best epoch: the evaluated weights
     assert (tmp_path / "claims" / "p" / "seed1" / "params.yaml").exists()
     assert not (tmp_path / "claims" / "p" / "seed1" / "claims").exists()
 
@@ -126,3 +142,169 @@ def test_the_commit_is_dirty_for_code_not_for_the_claims_own_outputs(tmp_path, m
     assert not claims.commit().endswith("-dirty")
     (tmp_path / "code.py").write_text("b\n")
     assert claims.commit().endswith("-dirty")
+
+
+# ---------------------------------------------------------------- every seed of the config, or no verdict
+
+SEEDS = [1, 2, 3, 4, 5]
+
+
+def cell_seed(a: str, b: str, notes: list[str] | None = None) -> dict:
+    """One seed whose psst_table2 shows R@10 ``a`` for PSST Multinomial and ``b`` for Luo."""
+    table = f"approach,R@10\nLuo et al. 2018,{b}\nPSST Multinomial,{a}\n"
+    return {"runs": {}, "tables": {"ds/psst_table2": table}, "table_notes": {"ds/psst_table2": notes or []}}
+
+
+CELL_CLAIM = {"id": "c", "text": "PSST > Luo", "source": "Table 2", "dataset": "ds", "kind": "greater",
+              "a": {"table": "psst_table2", "row": "PSST Multinomial", "column": "R@10"},
+              "b": {"table": "psst_table2", "row": "Luo et al. 2018", "column": "R@10"}}
+
+
+def test_a_seed_whose_value_is_missing_makes_the_claim_unresolved_not_a_verdict_on_the_other_seeds():
+    """Four seeds hold a clear difference; seed 3's PSST curve does not reach the operating point. The
+    four left are not a random sample of the seeds: no verdict, the seed and the reason named."""
+    per_seed = {s: cell_seed(f"{50 + s}.0", "40.0") for s in SEEDS}
+    per_seed[3] = cell_seed("—", "40.0", ["PSST Multinomial: its runs' CIDEr-D spans 1.150–1.350, not 1.050."])
+    (r,) = claims.resolve({"seeds": SEEDS, "claims": [CELL_CLAIM]}, per_seed)
+    assert r["verdict"] == "unresolved" and r["n"] == 5 and r["n_read"] == 4
+    assert math.isnan(r["lo"]) and math.isnan(r["hi"]) and math.isnan(r["diff"])
+    assert r["missing"] == ["seed 3: PSST Multinomial's curve does not reach the operating point (psst_table2, "
+                            "R@10: its runs' CIDEr-D spans 1.150–1.350, not 1.050)"]
+    line = claims.claim_line(r)
+    assert "| 5 | **unresolved**: seed 3: PSST Multinomial's curve does not reach the operating point" in line
+    per_seed[3] = cell_seed("53.0", "40.0")  # every seed read: the verdict of all five
+    (r,) = claims.resolve({"seeds": SEEDS, "claims": [CELL_CLAIM]}, per_seed)
+    assert r["verdict"] == "holds" and r["n"] == 5 and not r["missing"]
+
+
+def test_a_missing_run_metric_or_seed_makes_the_claim_unresolved_with_the_seed_named():
+    per_seed = {s: seed_result(1.0 + 0.01 * s, 0.9, 1.2) for s in SEEDS}
+    config = {"seeds": SEEDS, "claims": [
+        {"id": "x", "text": "a > b", "source": "s", "a": "ds/a", "b": "ds/b", "metric": "metrics.CIDEr-D",
+         "kind": "greater"}]}
+    del per_seed[2]["runs"]["ds/b"]  # its run failed to score
+    per_seed[4]["runs"]["ds/a"]["metrics"]["CIDEr-D"] = math.nan
+    del per_seed[5]  # not run (--seeds 4)
+    (x,) = claims.resolve(config, per_seed)
+    assert x["verdict"] == "unresolved" and x["n"] == 5 and x["n_read"] == 2
+    assert x["missing"] == ["seed 2: run ds/b has no scores", "seed 4: run ds/a's metrics.CIDEr-D is not a number (nan)",
+                            "seed 5: not run"]
+
+
+def test_a_claims_config_fixes_at_least_5_seeds_and_states_every_claim(tmp_path):
+    good = {"paper": "9", "title": "t", "seeds": SEEDS, "params": {}, "claims": [
+        {"id": "x", "text": "a > b", "source": "Table 1: 2 vs 1", "a": "ds/a", "b": "ds/b", "metric": "m",
+         "kind": "greater"}]}
+
+    def load(config):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return claims.load_config(path)
+
+    assert load(good)["seeds"] == SEEDS
+    for bad in ({"seeds": [1, 2, 3, 4]}, {"seeds": [1, 2, 3, 4, 4]}):
+        with pytest.raises(SystemExit, match="at least 5 distinct"):
+            load({**good, **bad})
+    claim = good["claims"][0]
+    with pytest.raises(SystemExit, match="missing \\['source'\\]"):
+        load({**good, "claims": [{k: v for k, v in claim.items() if k != "source"}]})
+    with pytest.raises(SystemExit, match="margin_reason"):
+        load({**good, "claims": [{**claim, "kind": "at_least", "margin": 1.0}]})
+    with pytest.raises(SystemExit, match="at_least claims only"):
+        load({**good, "claims": [{**claim, "margin": 1.0}]})
+    assert load({**good, "claims": [{**claim, "kind": "at_least", "margin": 1.0,
+                                     "margin_reason": "the paper: comparable"}]})
+
+
+def test_the_legend_says_what_a_verdict_means_for_each_kind():
+    md = claims.paper_markdown({"paper": "9", "title": "t"}, [], {
+        "n_seeds": 5, "seeds": SEEDS, "test_images": 1000, "seconds": 1, "cores": 2, "commit": "abc",
+        "date": "2026-01-01", "config": "c.yaml"})
+    assert "above -m" in md and "below -m" in md and "above 0" in md  # margin claims: not 'above 0'
+    assert "never a verdict on the other seeds" in md
+
+
+# ---------------------------------------------------------------- operating points chosen on validation
+
+
+def validation_of(params: dict, scores: dict, shift: float) -> dict[str, dict[str, float]]:
+    """Every family run's validation numbers: its test CIDEr-D + ``shift``, its test recalls."""
+    out = {}
+    for run, report in scores.items():
+        r = report["retrieval"]
+        out[run] = {"CIDEr-D": report["metrics"]["CIDEr-D"] + shift, "R@1": r["R@1"], "R@5": r["R@5"], "R@10": r["R@10"]}
+    return out
+
+
+def test_an_auto_operating_point_comes_from_the_validation_curves_and_is_read_on_test():
+    """Test curves' CIDEr-D overlap ends at 1.25 (Luo's highest); the validation curves lie 0.05 lower,
+    so x0 = 1.20 on validation, and each TEST curve is read there."""
+    from test_psst_tables import family_params, family_scores
+
+    from caprl.tables.psst import psst_table2
+
+    params = family_params()  # synthetic: every operating point auto
+    scores = family_scores(params, "synthetic")
+    on_test = dict(psst_table2(params, "synthetic", scores).rows)
+    assert on_test["Luo et al. 2018"][2].ours == pytest.approx(50.0)  # x0 = 1.25 on the test curves
+    val = validation_of(params, scores, -0.05)  # attached as caprl.tables.validation.attach does
+    table = psst_table2(params, "synthetic", {run: {**r, "validation": val[run]} for run, r in scores.items()})
+    assert "CIDEr-D = 1.200 (auto, chosen on validation" in table.title
+    got = dict(table.rows)
+    assert got["Luo et al. 2018"][2].ours == pytest.approx(52.5)  # its TEST curve at 1.20: R@10 0.50-0.55
+    assert got["REINFORCE"][2].ours == pytest.approx(88.0)  # its λ = 0.005 run: test CIDEr-D 1.20
+    assert any("chosen on the validation split" in n for n in table.notes)
+
+
+def test_the_claims_read_tables_built_on_validation_and_an_unreached_point_leaves_the_seed_unresolved(tmp_path):
+    """A seed's folder as the workflow leaves it (score and retrieval files, history.json): the claims
+    build psst_table2 with x0 from the validation curves (0.2 below the test ones: x0 = 1.05, which
+    PSST Multinomial's test curve, 1.15-1.35, does not reach)."""
+    from types import SimpleNamespace
+
+    from test_psst_tables import family_params, family_scores
+
+    params = {**family_params(), "tables": ["psst_table2"]}
+    scores = family_scores(params, "synthetic")
+    val = validation_of(params, scores, -0.2)
+    jobs = []
+    for run, report in scores.items():
+        folder = tmp_path / "results" / "synthetic" / run
+        folder.mkdir(parents=True)
+        retrieval = {**report.pop("retrieval"), "split": "test", "captions": "generated"}
+        (folder / "scores.json").write_text(json.dumps(report))
+        (folder / "retrieval.json").write_text(json.dumps(retrieval))
+        history = tmp_path / "runs" / "synthetic" / run / "history.json"
+        history.parent.mkdir(parents=True)
+        epochs = [{"epoch": 0, "start": True, "val_CIDEr-D": 0.5, "val_R@10": 0.1},
+                  {"epoch": 2, **{f"val_{k}": v for k, v in val[run].items()}},
+                  {"epoch": 3, "val_CIDEr-D": 9.9, "val_R@10": 0.0}]
+        history.write_text(json.dumps({"run": run, "best_epoch": 2, "epochs": epochs}))
+        jobs.append(SimpleNamespace(dataset="synthetic", run=run, history=f"runs/synthetic/{run}/history.json"))
+    numbers = claims.validation_numbers(tmp_path, jobs)
+    assert numbers[f"synthetic/{jobs[0].run}"] == pytest.approx(val[jobs[0].run])  # the best epoch's record
+    built = claims.seed_tables(params, tmp_path, [("synthetic", "psst_table2")], numbers)["synthetic/psst_table2"]
+    assert "CIDEr-D = 1.050 (auto, chosen on validation" in built["title"]
+    assert (tmp_path / "claims_tables" / "synthetic_psst_table2.md").exists()
+    seed = {"runs": {}, "tables": {"synthetic/psst_table2": built["csv"]},
+            "table_notes": {"synthetic/psst_table2": [built["title"], *built["notes"]]}}
+    claim = {**CELL_CLAIM, "dataset": "synthetic"}
+    assert claims.value_of(seed, claim, "b") == pytest.approx(60.0)  # Luo's test curve at 1.05: its λ = 0.01 run
+    with pytest.raises(claims.Missing, match="PSST Multinomial's curve does not reach the operating point"):
+        claims.value_of(seed, claim, "a")
+    per_seed = {s: seed for s in SEEDS}
+    (r,) = claims.resolve({"seeds": SEEDS, "claims": [claim]}, per_seed)
+    assert r["verdict"] == "unresolved" and len(r["missing"]) == 5
+
+
+def test_the_best_epochs_record_is_the_runs_validation_point():
+    from caprl.errors import CaprlError
+    from caprl.tables import validation
+
+    history = {"run": "r", "best_epoch": 0, "epochs": [
+        {"epoch": 0, "start": True, "train_loss": None, "val_CIDEr-D": 1.5, "val_R@10": 0.4},
+        {"epoch": 1, "val_CIDEr-D": 1.4, "val_R@10": 0.3}]}
+    assert validation.best_record(history) == {"CIDEr-D": 1.5, "R@10": 0.4}  # a run that kept its start
+    assert validation.best_record({**history, "best_epoch": None}) == {}
+    with pytest.raises(CaprlError, match="best_epoch 7 has no record"):
+        validation.best_record({**history, "best_epoch": 7})

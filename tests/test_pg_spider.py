@@ -16,7 +16,7 @@ from caprl.objectives.pg_spider import monte_carlo_q
 from toy import CONSTANT_LR, WORDS, count_red, decode
 
 OPTIONS = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "rollouts": 3, "reward": "count_red", "baseline_lr": 1e-2, "baseline_hidden": 8,
-           "baseline_warmup_steps": 0}
+           "baseline_warmup_steps": 0, "n_samples": 1, "rollout_mode": "policy"}
 
 
 def setup(arch: str = "fc", n_images: int = 3):
@@ -207,3 +207,46 @@ def test_q_weighted_gradient_matches_reinforce_in_expectation() -> None:
     rf = torch.stack([reinforce(i) for i in range(150)]).mean(0)
     assert float(pg @ rf / pg.norm() / rf.norm()) > 0.9
     assert 0.75 < float(pg.norm() / rf.norm()) < 1.33
+
+
+@pytest.mark.parametrize("mode, training", [("policy", True), ("eval", False)])
+def test_rollouts_come_from_the_policy_that_sampled(mode: str, training: bool) -> None:
+    """Q_theta is an expectation under pi_theta, the policy whose sample is weighed: by default
+    the roll-outs run in train mode like the sample (dropout on); ``rollout_mode: eval`` runs them
+    without dropout (caprl's former behaviour, an option)."""
+    torch.manual_seed(0)
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.3}, len(WORDS), 5, 4)
+    _, batch, env = setup()
+    objective = build_objective("pg_spider", {**OPTIONS, "rollout_mode": mode}, env, model)
+    seen: list[tuple[int, bool]] = []
+    model.dropout.register_forward_pre_hook(lambda module, args: seen.append((args[0].shape[0], module.training)))
+    model.train()
+    ctx = model.encode(batch.pooled, batch.regions)
+    samples = decoding.rollout(model, decoding.start(model, ctx), 6, keep_hidden=True, keep_states=True)
+    sampled = len(seen)
+    assert sampled > 0 and all(t for _, t in seen)  # the sample: train mode
+    objective.q_values(model, samples, batch)
+    rollout_calls = seen[sampled:]
+    assert rollout_calls and all(t == training for _, t in rollout_calls)
+    assert model.training  # left as it was
+
+
+def test_m_samples_per_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``n_samples`` = M captions per image (paper 001: M = 1); each is rolled out and scored
+    against its own image's references, and the policy loss averages over all M x N captions."""
+    model, batch, env = setup(n_images=2)
+    starts: list[int] = []
+    real_start = decoding.start
+    monkeypatch.setattr(decoding, "start", lambda m, c, n=1: (starts.append(n), real_start(m, c, n))[1])
+    scored: list[int] = []
+    env = ObjectiveEnv(decode_words=decode, max_length=6,
+                       reward=lambda name: lambda ids, caps: (scored.extend(ids), count_red(ids, caps))[1])
+    objective = build_objective("pg_spider", {**OPTIONS, "n_samples": 4}, env, model)
+    torch.manual_seed(1)
+    loss, metrics = objective.loss(model, _with_step(batch, 0))
+    loss.backward()
+    assert starts == [4]
+    assert set(scored) == {0, 1} and scored.count(0) > 0 and scored.count(1) > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    with pytest.raises(Exception, match="n_samples"):
+        build_objective("pg_spider", {**OPTIONS, "n_samples": 0}, env, model)

@@ -118,3 +118,44 @@ def test_sigma_option_and_errors():
         build_reward("cider_d", refs)([1, 2], short)
     with pytest.raises(CaprlError, match="lists of words"):
         build_reward("cider_d", refs)([1], ["a dog"])
+
+
+def test_end_token_option_equals_pycocoevalcap_on_eos_terminated_text():
+    """``eos: true``: self-critical.pytorch's reward text (``array_to_str`` keeps the end token of
+    every ended caption and of every reference, ``prepro_ngrams.py`` counts documents with it):
+    pycocoevalcap's scorer on the same words with ``<eos>`` appended gives the same numbers."""
+    ids, cands, refs = held_out(300)
+    vocab = sorted({w for caps in refs.values() for c in caps for w in c})
+    cands = perturb(cands, vocab, seed=2)
+    max_length = 12  # some candidates and references run to the limit: no end appended there
+    assert any(len(c) >= max_length for c in cands) and any(len(c) < max_length for c in cands)
+    ours = build_reward("cider_d", refs, compute_document_frequencies(refs), eos=True, max_length=max_length)(ids, cands)
+
+    def end(words):
+        return " ".join(words) + (" <eos>" if len(words) < max_length else "")
+
+    scorer = CiderScorer(n=4, sigma=6.0)
+    for i, c in zip(ids, cands):
+        scorer += (end(c), [end(r) for r in refs[i]])
+    scorer.compute_doc_freq()  # recomputed below on the corpus with <eos> after every reference
+    df = compute_document_frequencies({i: [[*r, "<eos>"] for r in refs[i]] for i in ids})
+    scorer.document_frequency = defaultdict(float, {k: float(v) for k, v in df.to_dict().items()})
+    theirs = np.asarray(scorer.compute_cider())
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-9)
+    plain = build_reward("cider_d", refs, compute_document_frequencies(refs))(ids, cands)
+    assert np.abs(ours - plain).max() > 0.01  # the option changes the numbers
+
+
+def test_end_token_penalises_a_caption_cut_mid_phrase():
+    """The reason SCP's reward counts the end: a caption that stops before its last words loses
+    the references' "last word, end" n-grams, so the cut caption's reward falls further."""
+    refs = {1: [["a", "red", "circle", "above", "a", "blue", "square"]] * 3 + [["a", "blue", "square", "below", "a",
+                                                                             "red", "circle"]] * 2,
+            2: [["a", "green", "triangle"]] * 5}
+    full, cut = ["a", "red", "circle", "above", "a", "blue", "square"], ["a", "red", "circle", "above", "a", "blue"]
+    plain = build_reward("cider_d", refs)
+    ended = build_reward("cider_d", refs, eos=True, max_length=16)
+    assert ended([1], [full])[0] > 0 and plain([1], [full])[0] > 0
+    assert ended([1], [cut])[0] / ended([1], [full])[0] < plain([1], [cut])[0] / plain([1], [full])[0]
+    with pytest.raises(CaprlError, match="document frequencies count"):
+        build_reward("cider_d", refs, compute_document_frequencies({1: refs[1]}), eos=True)

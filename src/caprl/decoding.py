@@ -226,12 +226,13 @@ def sample(model: CaptionModel, ctx: Batch, max_length: int, n: int = 1, greedy:
 
 
 def rollouts_from_prefixes(model: CaptionModel, samples: Samples, k: int, max_length: int,
-                           noise: Noise | None = None, temperature: float = 1.0) -> torch.Tensor:
+                           noise: Noise | None = None, temperature: float = 1.0, per_image: int = 1) -> torch.Tensor:
     """Complete every prefix ``g_{1:t}`` (t = 1..T) of ``samples`` ``k`` times, in one batch.
 
     ``samples`` must come from :func:`rollout` with ``keep_states=True``. Returns tokens
     ``[N, T, K, S, max_length]``: row (i, t, k) is caption i's first t+1 words followed by
-    roll-out k (a prefix that already ended is returned as it is).
+    roll-out k (a prefix that already ended is returned as it is). ``per_image``: rows of
+    ``samples`` per image (image-major), for the roll-outs' noise.
     """
     states = samples.after
     n_rows, steps = samples.tokens.shape[0], len(states)
@@ -242,7 +243,8 @@ def rollouts_from_prefixes(model: CaptionModel, samples: Samples, k: int, max_le
         prev=_interleave([s.prev for s in states], k),
         finished=_interleave([s.finished for s in states], k),
     )
-    cont = rollout(model, at, max_length - 1, temperature=temperature, noise=noise, per_image=steps * k).tokens
+    cont = rollout(model, at, max_length - 1, temperature=temperature, noise=noise,
+                   per_image=per_image * steps * k).tokens
     cont = cont.view(n_rows, steps, k, *cont.shape[1:])  # [N, T, K, S, L-1]
     out = cont.new_zeros(n_rows, steps, k, cont.shape[3], max_length)
     for t in range(steps):  # prefix t+1 words, then max_length - t - 1 continued words

@@ -1,7 +1,8 @@
 """PG-SPIDEr (Liu et al., ICCV 2017): policy gradient with Monte-Carlo roll-outs and a learned baseline.
 
-For each image one caption ``g_{1:T}`` is sampled (M = 1). At every step t, ``K`` roll-outs
-complete the prefix ``g_{1:t}`` to the end; their mean reward estimates
+For each image ``n_samples`` captions ``g_{1:T}`` are sampled (the paper's M: "a value of M = 1 is
+used"; an equal-budget comparison with SCST's and MIXER's 5 samples per image sets 5). At every
+step t, ``K`` roll-outs complete the prefix ``g_{1:t}`` to the end; their mean reward estimates
 
     Q(g_{1:t-1}, g_t) = 1/K sum_k R(g_{1:t}; g^k_{t+1:T})
 
@@ -22,8 +23,12 @@ decoded without gradient: the caption model gets none, so its optimiser leaves i
 With a fresh baseline (B = 0) every sampled word would be reinforced by its whole reward at
 first, which on the demo took the fc start from 127.0 to 103.0 val CIDEr-D in its first
 epoch (``baseline_warmup_steps: 0`` does that). All roll-outs
-of a batch are decoded as one batch (``caprl.decoding.rollouts_from_prefixes``), in eval
-mode (no dropout) and without gradient. Where the summary is silent: the roll-outs use the
+of a batch are decoded as one batch (``caprl.decoding.rollouts_from_prefixes``), without gradient,
+from the policy that sampled (``rollout_mode: policy``, train mode, its dropout on): Q_theta is
+the expectation of R "over g_{t+1:T} ~ pi_theta" (the summary's definition of V_theta and Q_theta),
+the same pi_theta whose sample the gradient weighs. ``rollout_mode: eval`` rolls out the
+dropout-free network instead (caprl's former behaviour), which estimates Q for another policy
+than the sampled one. Where the summary is silent: the roll-outs use the
 same sampling temperature as the sample (1), and the baseline is a 2-layer MLP with a
 ReLU (``baseline_hidden`` units) on the last stage's hidden state (``baseline_hidden: 0``:
 a linear regressor, as MIXER's, :mod:`caprl.objectives.mixer`).
@@ -40,8 +45,12 @@ import torch
 from torch import nn
 
 from caprl import decoding
+from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, ObjectiveEnv, Options, register_objective
+
+
+ROLLOUT_MODES = ("policy", "eval")
 
 
 @dataclass
@@ -51,6 +60,15 @@ class PGSpiderOptions(Options):
     baseline_lr: float  # learning rate of the baseline MLP
     baseline_hidden: int  # hidden units of the baseline MLP (0: a linear regressor)
     baseline_warmup_steps: int  # first training steps that fit only the baseline (Algorithm 1; 0: none)
+    n_samples: int  # M: captions sampled per image (paper: 1)
+    rollout_mode: str  # policy: roll-outs from the sampling policy (train mode); eval: without dropout
+
+    def __post_init__(self) -> None:
+        if self.n_samples < 1:
+            raise CaprlError(f"pg_spider.n_samples: expected M >= 1 captions per image, got {self.n_samples}")
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise CaprlError(f"pg_spider.rollout_mode: expected one of {', '.join(ROLLOUT_MODES)}, "
+                             f"got {self.rollout_mode!r}")
 
 
 def baseline_network(hidden_size: int, baseline_hidden: int) -> nn.Module:
@@ -108,25 +126,27 @@ class PGSpider(Objective):
     def q_values(self, model: CaptionModel, samples: decoding.Samples, batch: Batch) -> torch.Tensor:
         """Q for every sampled step, from ``rollouts`` completions of each prefix (no gradient)."""
         was_training = model.training
-        model.eval()
+        model.train(was_training and self.options.rollout_mode == "policy")
         with torch.no_grad():
             completed = decoding.rollouts_from_prefixes(model, samples, self.options.rollouts, self.env.max_length,
-                                                        noise=batch.noise)
+                                                        noise=batch.noise, per_image=self.options.n_samples)
         model.train(was_training)
         n, steps, k = completed.shape[:3]
         live = samples.mask[:, -1, :steps] > 0  # steps of the caption (past its end: nothing to score)
         words = iter(self.env.decode_words(completed[live][:, :, -1].reshape(-1, completed.shape[-1])))
         mask = live.cpu().numpy()
         nested = [[[next(words) for _ in range(k)] if mask[i, t] else [] for t in range(steps)] for i in range(n)]
-        q = monte_carlo_q(self.env.reward(self.options.reward), batch.image_ids, nested, mask)
+        ids = [i for i in batch.image_ids for _ in range(self.options.n_samples)]  # image-major, as decoded
+        q = monte_carlo_q(self.env.reward(self.options.reward), ids, nested, mask)
         return self.tensor(q, like=samples.logprobs)
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         warming_up = self.warming_up(batch)
         with torch.no_grad() if warming_up else contextlib.nullcontext():  # no policy loss to reach the decode
             ctx = model.encode(batch.pooled, batch.regions)
-            samples = decoding.rollout(model, decoding.start(model, ctx), self.env.max_length, noise=batch.noise,
-                                       keep_hidden=True, keep_states=True)
+            m = self.options.n_samples
+            samples = decoding.rollout(model, decoding.start(model, ctx, m), self.env.max_length, noise=batch.noise,
+                                       per_image=m, keep_hidden=True, keep_states=True)
         steps = len(samples.after)
         logprobs, mask = samples.logprobs[:, -1, :steps], samples.mask[:, -1, :steps]
         q = self.q_values(model, samples, batch)

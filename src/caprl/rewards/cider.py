@@ -10,18 +10,27 @@ Per candidate c and reference r of its image, for each n-gram order n (1-4), wit
 
 where lengths are the number of bigrams (what ``CiderScorer.counts2vec`` counts) and a
 zero norm leaves the dot product undivided, exactly as pycocoevalcap does.
+
+:class:`EndOfCaption` counts the end of a caption as a word (self-critical.pytorch's reward:
+``utils/rewards.py``'s ``array_to_str`` keeps the end token 0 of every sampled caption and
+reference, and ``scripts/prepro_ngrams.py`` appends ``<eos>`` to every reference of the
+document-frequency corpus), so a caption that stops mid-phrase loses the reference's
+"last word, end" n-grams. Rennie et al. (2017) do not say; their code's practice decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from caprl.errors import CaprlError
 from caprl.rewards.base import Reward
+from caprl.rewards.document_frequencies import DocumentFrequencies, compute_document_frequencies
 from caprl.rewards.references import ReferenceSet, expand_ranges
 
 ORDERS = 4
+END = "<eos>"  # the vocabulary's index 0 (caprl.data.vocab.EOS): no caption word can equal it
 
 
 class CiderD(Reward):
@@ -78,3 +87,38 @@ class CiderD(Reward):
         sims *= np.power(np.e, -(delta * delta) / (2 * self.sigma**2))[:, None]
         per_order = np.add.reduceat(sims, pair_start, axis=0)  # pairs are grouped by candidate
         return per_order.mean(axis=1) / (pair_hi - pair_lo) * 10.0
+
+
+def ended(captions: Sequence[Sequence[str]], max_length: int) -> list[list[str]]:
+    """Each caption with :data:`END` appended where it ended: shorter than ``max_length`` words
+    (a decode that ran to ``max_length`` never emitted its end, as in self-critical.pytorch)."""
+    return [[*c, END] if len(c) < max_length else list(c) for c in captions]
+
+
+def ended_references(references: Mapping[int, Sequence[Sequence[str]]], max_length: int,
+                     document_frequencies: DocumentFrequencies | None) -> ReferenceSet:
+    """References with the end counted (those shorter than ``max_length``: SCP's references are
+    its labels, clipped to ``seq_length``) over document frequencies of the same corpus with
+    ``<eos>`` after every caption (``prepro_ngrams.py``). The frequencies are recomputed from
+    ``references``: the corpus ``caprl cider-df`` counts (the training split's references),
+    checked by its number of documents."""
+    df = compute_document_frequencies({i: [[*r, END] for r in refs] for i, refs in references.items()})
+    if document_frequencies is not None and document_frequencies.num_documents != df.num_documents:
+        raise CaprlError(f"CIDEr-D with end tokens: the document frequencies count {document_frequencies.num_documents} "
+                         f"images, the reward's references {df.num_documents}; they must be one corpus "
+                         "(`caprl cider-df --split train`)")
+    return ReferenceSet({i: ended(refs, max_length) for i, refs in references.items()}, df)
+
+
+class EndOfCaption(Reward):
+    """CIDEr-D with the end of each caption counted as a word (see the module's docstring)."""
+
+    name = "cider_d"
+
+    def __init__(self, references: ReferenceSet, max_length: int, sigma: float = 6.0) -> None:
+        self.inner = CiderD(references, sigma)
+        self.max_length = int(max_length)
+
+    def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
+        self.check_batch(image_ids, captions)
+        return self.inner(image_ids, ended(captions, self.max_length))

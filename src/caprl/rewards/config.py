@@ -38,6 +38,10 @@ def _positive_number(value: Any) -> str | None:
     return None if ok else f"must be a positive number, got {value!r}"
 
 
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+
+
 def _weights(value: Any) -> str | None:
     if not isinstance(value, Mapping) or not value:
         return f"must be a non-empty mapping {{component kind: weight}}, got {value!r}"
@@ -46,8 +50,8 @@ def _weights(value: Any) -> str | None:
 
 OPTIONS: dict[str, dict[str, _Check]] = {
     **{kind: {} for kind in FACTORIES},
-    "cider_d": {"sigma": _positive_number},
-    MIX: {"weights": _weights, "sigma": _positive_number},
+    "cider_d": {"sigma": _positive_number, "eos": _boolean},
+    MIX: {"weights": _weights, "sigma": _positive_number, "eos": _boolean},
 }
 REQUIRED: dict[str, tuple[str, ...]] = {MIX: ("weights",)}
 
@@ -146,6 +150,8 @@ def build_configured_reward(
         raise CaprlError(reason)
     if "spice" in (options["weights"] if kind == MIX else [kind]):
         options["corenlp_dir"] = corenlp_dir(params)
+    if options.get("eos"):  # the end counts where a caption ended before the decode's limit
+        options["max_length"] = int(params["decode"]["max_length"])
     if kind == MIX:
         weights = options.pop("weights")
         return build_mix(name, weights, references, document_frequencies, **options)

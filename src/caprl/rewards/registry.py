@@ -20,7 +20,7 @@ import numpy as np
 from caprl.errors import CaprlError
 from caprl.rewards.base import MemoizedReward, Reward
 from caprl.rewards.bleu import Bleu
-from caprl.rewards.cider import CiderD
+from caprl.rewards.cider import CiderD, EndOfCaption, ended_references
 from caprl.rewards.document_frequencies import DocumentFrequencies, compute_document_frequencies
 from caprl.rewards.references import ReferenceSet
 from caprl.rewards.rouge import ReferenceMasks, rouge_l
@@ -165,8 +165,13 @@ def _lookup(refs: Mapping[int, list[str]], image_ids: Sequence[int]) -> list[lis
         raise CaprlError(f"image id {exc.args[0]} has no reference captions in this reward's references") from None
 
 
-def _cider_d(context: _Context, sigma: float = 6.0) -> Reward:
-    return CiderD(context.reference_set, sigma=sigma)
+def _cider_d(context: _Context, sigma: float = 6.0, eos: bool = False, max_length: int = 16) -> Reward:
+    """CIDEr-D; with ``eos`` the end of a caption shorter than ``max_length`` words counts as a word
+    (self-critical.pytorch's reward, :class:`caprl.rewards.cider.EndOfCaption`)."""
+    if not eos:
+        return CiderD(context.reference_set, sigma=sigma)
+    refs = ended_references(context.references, max_length, context.document_frequencies)
+    return EndOfCaption(refs, max_length, sigma=sigma)
 
 
 def _bleu(n: int) -> Callable[[_Context], Reward]:

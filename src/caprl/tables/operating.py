@@ -14,11 +14,18 @@ The operating points are ``discriminative.operating_points.<dataset>.<key>`` in 
 scale: R@5 0.80, CIDEr-D 1.2), a number or ``auto``: the highest x that every compared curve
 reaches (:func:`overlap_value`). A dataset absent from ``operating_points`` is all ``auto``.
 PSST rows of the tables use the runs with ``rho == discriminative.table_rho``.
+
+``auto`` is chosen on the **validation** split where the score reports carry the runs'
+validation numbers (``report["validation"]``, :mod:`caprl.tables.validation`: the val metrics
+of the epoch each run's evaluated checkpoint holds): x0 is then the overlap value of the
+*validation* curves (:data:`VAL`), and every method's *test* curve is read at x0; a test curve
+that does not reach x0 has no value there. Without validation numbers ``auto`` falls back to
+the test curves (:data:`TEST`), and the tables say so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from caprl.errors import CaprlError
@@ -44,6 +51,7 @@ RECALLS = ["R@1", "R@5", "R@10"]
 LANGUAGE = ["CIDEr-D", "BLEU-4", "METEOR", "ROUGE-L", "SPICE"]
 OPERATING_KEYS = ("recall5", "cider", "ablation_cider", "rho_cider")
 AUTO = "auto"
+TEST, VAL = "test", "validation"  # which numbers of a point a curve is made of (Point.values / Point.val)
 
 
 # ---------------------------------------------------------------- curves
@@ -90,7 +98,9 @@ def x_range(curve: Curve) -> tuple[float, float] | None:
 @dataclass(frozen=True)
 class Point:
     """One run of the family: its λ, ρ, init run's method and numbers (language metrics on
-    their own scale, R@K as fractions, mean rank). ``values`` is empty without results."""
+    their own scale, R@K as fractions, mean rank). ``values`` (test: scores and retrieval) is
+    empty without results; ``val`` holds the validation numbers of the epoch its checkpoint
+    holds (val CIDEr-D, val R@K), empty where none were given."""
 
     spec: RunSpec
     lam: float | None
@@ -98,6 +108,13 @@ class Point:
     init_method: str | None  # frozen_speaker: the method of its init.model run
     init_run: str | None
     values: dict[str, float]
+    val: dict[str, float] = field(default_factory=dict)
+
+    def numbers(self, split: str = TEST) -> dict[str, float]:
+        """``values`` (TEST) or ``val`` (VAL)."""
+        if split not in (TEST, VAL):
+            raise ValueError(f"split {split!r}: expected {TEST!r} or {VAL!r}")
+        return self.values if split == TEST else self.val
 
     @property
     def method(self) -> str:
@@ -124,6 +141,13 @@ def point_values(report: dict[str, Any] | None) -> dict[str, float]:
     return values
 
 
+def validation_values(report: dict[str, Any] | None) -> dict[str, float]:
+    """A score report's attached validation numbers (``report["validation"]``: the val metrics of
+    the epoch the evaluated checkpoint holds, :mod:`caprl.tables.validation`); {} without."""
+    record = (report or {}).get("validation") or {}
+    return {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def family_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
     """The runs of paper 004's captioning methods (and frozen-speaker ablations) on the dataset."""
     specs = [run_spec(params, run) for run in compared_runs(params)]
@@ -136,8 +160,9 @@ def family_points(params: dict[str, Any], dataset: str, scores: dict[str, dict[s
     for spec in family_runs(params, dataset):
         init_run = spec.init.get("model")
         init_method = run_spec(params, init_run).method if init_run in params["runs"] else None
+        report = scores.get(spec.name)
         points.append(Point(spec, _number(spec.options, "lam"), _number(spec.options, "rho"), init_method,
-                            init_run, point_values(scores.get(spec.name))))
+                            init_run, point_values(report), validation_values(report)))
     return points
 
 
@@ -160,9 +185,17 @@ def method_points(points: list[Point], method: str, rho: float | None = None, mo
     return sorted(chosen, key=lambda p: (p.lam is None, p.lam or 0.0))
 
 
-def curve(points: list[Point], x: str, y: str) -> Curve:
-    """(x, y) of every point having both numbers, in the points' (λ) order."""
-    return [(p.values[x], p.values[y]) for p in points if x in p.values and y in p.values]
+def curve(points: list[Point], x: str, y: str, split: str = TEST) -> Curve:
+    """(x, y) of every point having both numbers, in the points' (λ) order: of their test
+    numbers (TEST), or of their validation numbers (VAL)."""
+    numbers = [p.numbers(split) for p in points]
+    return [(v[x], v[y]) for v in numbers if x in v and y in v]
+
+
+def on_validation(points: list[Point]) -> bool:
+    """Whether the points carry validation numbers (then ``auto`` operating points are chosen on
+    the validation curves)."""
+    return any(p.val for p in points)
 
 
 def models_of(params: dict[str, Any], points: list[Point]) -> list[str]:
@@ -187,11 +220,15 @@ class OperatingPoint:
     key: str  # discriminative.operating_points.<dataset>.<name>
     auto: bool
     paper: float | None  # the paper's value at this point on this dataset, if it has one
+    split: str = TEST  # auto: the curves it was chosen on (VAL: the validation curves; read on test)
 
     def describe(self, show: Callable[[float], str]) -> str:
         """"80.0% (params.yaml <key>, the paper's value)" or "auto: 78.0%, the highest ..."."""
         if self.value is None:
-            return "none (auto: no curve)"
+            return f"none (auto: no {'validation ' if self.split == VAL else ''}curve)"
+        if self.auto and self.split == VAL:
+            return (f"{show(self.value)} (auto, chosen on validation: the highest value the most compared "
+                    "validation curves reach; read on the test curves)")
         if self.auto:
             return f"{show(self.value)} (auto: the highest value the most compared curves reach)"
         same = self.paper is not None and abs(self.paper - self.value) < 1e-9
@@ -200,29 +237,31 @@ class OperatingPoint:
 
 
 def operating_point(params: dict[str, Any], dataset: str, name: str, auto: Callable[[], float | None],
-                    paper: float | None = None) -> OperatingPoint:
+                    paper: float | None = None, split: str = TEST) -> OperatingPoint:
     """``discriminative.operating_points.<dataset>.<name>``: a number, or ``auto`` (absent = auto),
-    computed by ``auto()``."""
+    computed by ``auto()`` on the ``split`` curves (VAL: the validation curves)."""
     if name not in OPERATING_KEYS:
         raise ValueError(f"unknown operating point {name}")
     key = f"discriminative.operating_points.{dataset}.{name}"
     value = (discriminative(params).get("operating_points") or {}).get(dataset, {}).get(name, AUTO)
     if value == AUTO:
-        return OperatingPoint(auto(), key, True, paper)
+        return OperatingPoint(auto(), key, True, paper, split)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CaprlError(f"params.yaml {key}: expected a number or 'auto', got {value!r}")
     return OperatingPoint(float(value), key, False, paper)
 
 
-def rho_curves(points: list[Point], method: str, model: str | None) -> tuple[dict[float, Curve], bool]:
-    """The PSST method's (CIDEr-D, R@10) curve per ρ; ρ = 0 from its ST method where no PSST run
-    has ρ = 0 (True when it did)."""
+def rho_curves(points: list[Point], method: str, model: str | None,
+               split: str = TEST) -> tuple[dict[float, Curve], bool]:
+    """The PSST method's (CIDEr-D, R@10) curve per ρ, of the ``split`` numbers; ρ = 0 from its ST
+    method where no PSST run has ρ = 0 (True when it did)."""
     runs = [p for p in points if p.method == method and p.rho is not None and (model is None or p.spec.model == model)]
-    curves = {rho: curve(method_points(runs, method, rho), "CIDEr-D", "R@10") for rho in sorted({p.rho for p in runs})}
+    curves = {rho: curve(method_points(runs, method, rho), "CIDEr-D", "R@10", split)
+              for rho in sorted({p.rho for p in runs})}
     curves = {rho: c for rho, c in curves.items() if c}
     borrowed = 0.0 not in curves
     if borrowed:
-        st = curve(method_points(points, PSST_METHODS[method], model=model), "CIDEr-D", "R@10")
+        st = curve(method_points(points, PSST_METHODS[method], model=model), "CIDEr-D", "R@10", split)
         if st:
             curves[0.0] = st
         else:

@@ -2,7 +2,10 @@
 
 Each method's runs on the dataset (several λ; PSST rows: ``rho == discriminative.table_rho``)
 form a curve (:mod:`caprl.tables.operating`), read by linear interpolation at the table's
-operating point (``discriminative.operating_points.<dataset>``: a number, or auto):
+operating point (``discriminative.operating_points.<dataset>``: a number, or auto). An auto
+operating point is chosen on the validation curves where the score reports carry the runs'
+validation numbers (:mod:`caprl.tables.validation`; ``benchmarks/claims.py`` attaches them),
+and the test curves are read there; without them, on the test curves (the table says which):
 
 * ``psst_table1`` / ``psst_table6``: CIDEr-D, BLEU-4, METEOR, ROUGE-L, SPICE (fractions, as
   the paper prints them) at a fixed R@5 (``recall5``; paper: 80% on COCO, 90% on Flickr30K).
@@ -19,7 +22,7 @@ caption of every image of the split (``caprl retrieval --gold``): an upper refer
 generated captions' recall.
 
 A cell is "—" where the method has no run with both scores and retrieval results, or where
-its curve does not reach the operating point (the notes give the curve's range).
+its (test) curve does not reach the operating point (the notes give the curve's range).
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from typing import Any, Callable
 
 from caprl.tables import psst_numbers as paper
 from caprl.tables.build import Scores, degenerate_flags, register_table, unavailable_notes, with_paper
-from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABELS, PSST_METHODS, RECALLS,
-                                    Curve, OperatingPoint, Point, curve, decode_text, family_points,
-                                    interpolate, method_points, models_of, operating_point, overlap_value, rho_curves,
-                                    table_rho, x_range)
+from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABELS, PSST_METHODS, RECALLS, TEST,
+                                    VAL, Curve, OperatingPoint, Point, curve, decode_text, family_points,
+                                    interpolate, method_points, models_of, on_validation, operating_point,
+                                    overlap_value, rho_curves, table_rho, x_range)
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import gold_retrieval_runs
 
@@ -75,6 +78,7 @@ class Family:
         self.points = family_points(params, dataset, scores)
         self.rho = table_rho(params)
         self.models: list[str | None] = list(models_of(params, self.points)) or [None]
+        self.split = VAL if on_validation(self.points) else TEST  # the curves an auto operating point is chosen on
 
     def runs(self, method: str, model: str | None) -> list[Point]:
         """The method's runs of the model in λ order (PSST: those of ρ = table_rho)."""
@@ -83,8 +87,13 @@ class Family:
     def label(self, label: str, model: str | None) -> str:
         return label if len(self.models) <= 1 or model is None else f"{label} [{model}]"
 
-    def curves(self, methods: list[str], x: str, y: str) -> list[Curve]:
-        return [curve(self.runs(m, model), x, y) for model in self.models for m in methods]
+    def curves(self, methods: list[str], x: str, y: str, split: str = TEST) -> list[Curve]:
+        return [curve(self.runs(m, model), x, y, split) for model in self.models for m in methods]
+
+    def auto(self, methods: list[str], x: str, y: str) -> float | None:
+        """The overlap value of the methods' curves in ``x``: their validation curves where the
+        runs carry validation numbers (then read on the test curves), else their test curves."""
+        return overlap_value(self.curves(methods, x, y, self.split))
 
     def title(self, what: str) -> str:
         split = self.params["evaluate"]["split"]
@@ -133,11 +142,26 @@ def gold_notes(params: dict[str, Any], dataset: str, scores: Scores) -> list[str
 
 def outside_note(label: str, points: list[Point], x: str, op: OperatingPoint,
                  show: Callable[[float], str]) -> str | None:
-    """Why a curve has no value at the operating point: the range of ``x`` its runs cover."""
+    """Why a curve has no value at the operating point: the range of ``x`` its runs cover (their
+    test numbers: the curve the cells are read on)."""
     span = x_range(curve(points, x, x))  # the points having x
     if op.value is None or span is None or span[0] <= op.value <= span[1]:
         return None
     return f"{label}: its runs' {x} spans {show(span[0])}–{show(span[1])}, not {show(op.value)}."
+
+
+def operating_note(op: OperatingPoint, x: str) -> list[str]:
+    """How an auto operating point was chosen: on the validation curves (read on test), or, without
+    the runs' validation numbers, on the test curves."""
+    if not op.auto:
+        return []
+    if op.split == VAL:
+        return [f"Operating point chosen on the validation split: the highest {x} the most compared validation "
+                "curves reach (each run's point: the val numbers of the epoch its evaluated checkpoint holds: val "
+                "CIDEr-D of its evaluation decoding, val recall of its greedy captions among the val images), then "
+                "read on each method's test curve; — where a test curve does not reach it."]
+    return [f"Operating point read on the test curves: the score reports carry no validation numbers "
+            "(caprl.tables.validation attaches them; benchmarks/claims.py does)."]
 
 
 def read_cells(points: list[Point], x: str, ys: list[str], x0: float | None, scale: float, decimals: int,
@@ -190,8 +214,8 @@ def _language_table(name: str, number: int, numbers: dict[str, dict[str, float]]
                     dataset: str, scores: Scores) -> Table:
     family, home = Family(params, dataset, scores), paper.HOME[name]
     here = with_paper(dataset, home)
-    op = operating_point(params, dataset, "recall5", lambda: overlap_value(family.curves(ROW_ORDER, "R@5", "CIDEr-D")),
-                         paper.OPERATING_POINTS.get(dataset, {}).get("recall5"))
+    op = operating_point(params, dataset, "recall5", lambda: family.auto(ROW_ORDER, "R@5", "CIDEr-D"),
+                         paper.OPERATING_POINTS.get(dataset, {}).get("recall5"), family.split)
     table = Table(name, family.title(f"Table {number}, language metrics at a fixed R@5 = {op.describe(percent)}"),
                   list(LANGUAGE))
     notes: list[str] = []
@@ -202,6 +226,11 @@ def _language_table(name: str, number: int, numbers: dict[str, dict[str, float]]
     if here:
         table.notes.append(paper.TABLE6_LUO_NOTE if number == 6 else
                            f"The paper's Table {number} has no Luo et al. 2018 row.")
+    table.notes += operating_note(op, "R@5")
+    if op.auto and op.split == VAL:
+        table.notes.append("Validation R@5 ranks among the val images, test R@5 among the test images: the two "
+                           "scales match only where both splits have as many images (paper 004's claims config "
+                           "sets n_val = n_test).")
     table.notes += notes
     return table
 
@@ -226,15 +255,15 @@ def psst_table2(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Paper 004 Table 2: R@1, R@5, R@10 at a fixed CIDEr-D (paper: 1.2, COCO)."""
     family, home = Family(params, dataset, scores), paper.HOME["psst_table2"]
     here = with_paper(dataset, home)
-    op = operating_point(params, dataset, "cider", lambda: overlap_value(family.curves(ROW_ORDER, "CIDEr-D", "R@10")),
-                         paper.OPERATING_POINTS.get(dataset, {}).get("cider"))
+    op = operating_point(params, dataset, "cider", lambda: family.auto(ROW_ORDER, "CIDEr-D", "R@10"),
+                         paper.OPERATING_POINTS.get(dataset, {}).get("cider"), family.split)
     table = Table("psst_table2", family.title(f"Table 2, recall at a fixed CIDEr-D = {op.describe(fraction)}"),
                   list(RECALLS))
     notes: list[str] = []
     table.rows = curve_rows(family, ROW_ORDER, "CIDEr-D", RECALLS, op, 100.0, 1, paper.TABLE2 if here else None,
                             fraction, notes)
     table.notes = common_notes(family, f"CIDEr-D = {op.describe(fraction)}", home, 2, here, False)
-    table.notes += ["Recall in %."] + notes + gold_notes(params, dataset, scores)
+    table.notes += ["Recall in %.", *operating_note(op, "CIDEr-D")] + notes + gold_notes(params, dataset, scores)
     return table
 
 
@@ -253,10 +282,13 @@ def frozen_points(family: Family) -> dict[str, list[Point]]:
 
 
 def _ablation_auto(family: Family) -> float | None:
-    luo = [p for p in family.points if p.method == FROZEN and p.init_method == "luo2018" and p.complete]
+    """The Frozen-speaker (Luo) run's CIDEr-D (validation: its val CIDEr-D), else the overlap value of
+    the Luo and REINFORCE curves (validation curves where the runs carry validation numbers)."""
+    luo = [p for p in family.points if p.method == FROZEN and p.init_method == "luo2018"
+           and (p.complete if family.split == TEST else "CIDEr-D" in p.val)]
     if luo:
-        return luo[0].values["CIDEr-D"]
-    return overlap_value(family.curves(ABLATION_CURVES, "CIDEr-D", "R@10"))
+        return luo[0].numbers(family.split)["CIDEr-D"]
+    return family.auto(ABLATION_CURVES, "CIDEr-D", "R@10")
 
 
 @register_table("psst_table3")
@@ -266,7 +298,7 @@ def psst_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     here = with_paper(dataset, home)
     paper_cider = paper.OPERATING_POINTS["coco"]["ablation_cider"] if here else None
     op = operating_point(params, dataset, "ablation_cider", lambda: _ablation_auto(family),
-                         paper.OPERATING_POINTS.get(dataset, {}).get("ablation_cider"))
+                         paper.OPERATING_POINTS.get(dataset, {}).get("ablation_cider"), family.split)
     table = Table("psst_table3", family.title(f"Table 3, ablations at a fixed CIDEr-D = {op.describe(fraction)}"),
                   ["CIDEr-D", *RECALLS])
     notes: list[str] = []
@@ -301,7 +333,8 @@ def psst_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     table.notes = common_notes(family, f"CIDEr-D = {op.describe(fraction)}", home, 3, here, False)
     table.notes += ["Recall in %. Frozen Speaker rows: the speaker of their init run (Luo = a luo2018 run, "
                     "MLE = an xe run) kept frozen and the listener trained on its captions; each run is one point, "
-                    "shown at its own CIDEr-D (auto operating point: the Frozen Speaker (Luo) run's CIDEr-D)."] + notes
+                    "shown at its own CIDEr-D (auto operating point: the Frozen Speaker (Luo) run's CIDEr-D; its val "
+                    "CIDEr-D where the runs carry validation numbers)."] + operating_note(op, "CIDEr-D") + notes
     if not frozen_points(family):
         table.notes.append(f"No {FROZEN} run trains on {dataset}.")
     table.notes += gold_notes(params, dataset, scores)
@@ -359,20 +392,29 @@ def psst_rho(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     family = Family(params, dataset, scores)
     points = [p for p in family.points if p.complete]
     curves = {(m, model): rho_curves(points, m, model) for model in family.models for m in PSST_METHODS}
+    chosen_on = curves if family.split == TEST else {  # validation: every run with validation numbers
+        (m, model): rho_curves(family.points, m, model, VAL) for model in family.models for m in PSST_METHODS}
     op = operating_point(params, dataset, "rho_cider",
-                         lambda: overlap_value(c for per_rho, _ in curves.values() for c in per_rho.values()))
+                         lambda: overlap_value(c for per_rho, _ in chosen_on.values() for c in per_rho.values()),
+                         split=family.split)
     rhos = sorted({rho for per_rho, _ in curves.values() for rho in per_rho})
     table = Table("psst_rho", family.title(f"Fig. 4, R@10 at a fixed CIDEr-D = {op.describe(fraction)} against ρ"),
                   [f"ρ = {rho:g}" for rho in rhos])
-    borrowed = []
+    borrowed, outside = [], []
     for (method, model), (per_rho, from_st) in curves.items():
+        label = family.label(METHOD_LABELS[method], model)
         cells = [Cell(None if op.value is None or rho not in per_rho or (y := interpolate(per_rho[rho], op.value))
                       is None else 100.0 * y) for rho in rhos]
-        table.rows.append((family.label(METHOD_LABELS[method], model), cells))
+        table.rows.append((label, cells))
+        for rho, c in per_rho.items():
+            span = x_range(c)
+            if op.value is not None and span is not None and not span[0] <= op.value <= span[1]:
+                outside.append(f"{label}, ρ = {rho:g}: its runs' CIDEr-D spans {fraction(span[0])}–"
+                               f"{fraction(span[1])}, not {fraction(op.value)}.")
         if from_st:
             borrowed.append(METHOD_LABELS[PSST_METHODS[method]])
     table.notes = ["R@10 in %, read on each ρ's λ curve (CIDEr-D, R@10) by linear interpolation; — = the curve "
-                   "does not reach the operating point, or no run."]
+                   "does not reach the operating point, or no run.", *operating_note(op, "CIDEr-D"), *outside]
     if borrowed:
         table.notes.append(f"ρ = 0: the {' / '.join(dict.fromkeys(borrowed))} runs (ST = PSST with ρ = 0).")
     return table

@@ -1,0 +1,79 @@
+"""Paper 001's equal-budget comparison (configs/claims/001_pg_spider.yaml): MIXER, SCST and
+PG-SPIDEr see the same number of sampled captions per image per update, and the same number of
+policy epochs. Counted by running each objective, with the claims config's options, on a batch
+of images with five gold captions each (as the synthetic set has) and recording the rows of
+the decode that draws the sampled captions."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from caprl import decoding
+from caprl.data.batch import Batch
+from caprl.decoding import Noise
+from caprl.models import build_model
+from caprl.objectives import ObjectiveEnv, build_objective
+from caprl.params import run_spec
+from conftest import REPO
+from toy import WORDS, count_red, decode
+
+spec = importlib.util.spec_from_file_location("claims_for_budget", REPO / "benchmarks" / "claims.py")
+claims = importlib.util.module_from_spec(spec)
+sys.modules["claims_for_budget"] = claims
+spec.loader.exec_module(claims)
+
+EQUAL = ("fc-scst", "fc-mixer", "fc-pg_spider-cider_d-equal")
+GOLD_PER_IMAGE = 5
+
+
+def params() -> dict:
+    return claims.seed_params(claims.load_config(claims.config_path("001")), 1)
+
+
+def sampled_rows_per_image(method: str, options: dict, monkeypatch: pytest.MonkeyPatch) -> float:
+    """Rows of the first non-greedy decode of one loss (the sampled captions; PG-SPIDEr's
+    roll-outs come after it), per image."""
+    torch.manual_seed(0)
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}, len(WORDS), 5, 4)
+    n_images = 2
+    labels = torch.tensor([[1, 2, 3, 0], [1, 2, 5, 0], [1, 4, 3, 0], [1, 4, 5, 0], [1, 2, 3, 3]] * n_images)
+    batch = Batch(image_ids=list(range(n_images)), pooled=torch.randn(n_images, 5), regions=torch.randn(n_images, 4, 5),
+                  labels=labels, label_image=torch.arange(n_images).repeat_interleave(GOLD_PER_IMAGE),
+                  noise=Noise(seed=1, step=10_000, total=n_images))  # past PG-SPIDEr's warm-up and MIXER's schedule
+    env = ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6,
+                       extras={"steps_per_epoch": 24})
+    rows: list[int] = []
+    real = decoding.rollout
+
+    def spy(model_, at, steps, **kw):
+        if not kw.get("greedy"):
+            rows.append(at.prev.shape[0])
+        return real(model_, at, steps, **kw)
+
+    monkeypatch.setattr(decoding, "rollout", spy)
+    options = {**options, "reward": "count_red"}
+    build_objective(method, options, env, model).loss(model, batch)
+    return rows[0] / n_images
+
+
+def test_equal_budget_runs_see_equal_sample_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = params()
+    specs = {run: run_spec(p, run) for run in EQUAL}
+    counts = {run: sampled_rows_per_image(s.method, s.options, monkeypatch) for run, s in specs.items()}
+    assert counts == {run: 5.0 for run in EQUAL}, counts
+    steps_per_epoch = -(-p["synthetic"]["n_train"] // p["train"]["batch_size"])
+    warmup_epochs = {run: -(-s.options.get("baseline_warmup_steps", 0) // steps_per_epoch) if s.method == "pg_spider"
+                     else 0 for run, s in specs.items()}
+    policy_epochs = {run: s.options["epochs"] - warmup_epochs[run] for run, s in specs.items()}
+    assert len(set(policy_epochs.values())) == 1, policy_epochs
+
+
+def test_the_papers_budget_differs_and_says_so() -> None:
+    """The paper's comparison keeps each method's own M: PG-SPIDEr samples one caption per image."""
+    p = params()
+    assert run_spec(p, "fc-pg_spider-cider_d").options["n_samples"] == 1
+    assert run_spec(p, "fc-pg_spider-cider_d-equal").options["n_samples"] == 5
