@@ -45,3 +45,20 @@ def test_show_tell_trains_with_either_cell(cell: str) -> None:
 def test_unknown_cell_is_named() -> None:
     with pytest.raises(CaprlError, match="cell 'gru'"):
         build_model("fc", {**SIZES, "cell": "gru"}, 12, 5, 4)
+
+
+def test_the_demo_and_recipes_train_rennie_et_als_fc_model() -> None:
+    """The cause of the SCST gap against self-critical.pytorch's trainer (benchmarks/README.md):
+    caprl's Show-Tell had a tanh LSTM where Rennie et al.'s FC model and SCP have the maxout
+    input transform. params.yaml's fc (and every recipe's) must build that cell."""
+    import yaml
+
+    from conftest import REPO
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    sizes = {k: v for k, v in params["models"]["fc"].items() if k != "arch"}
+    assert type(build_model("fc", sizes, 12, 5, 4).lstm) is MaxoutLSTMCell
+    for recipe in sorted((REPO / "configs" / "recipes").glob("*.yaml")):
+        fc = (yaml.safe_load(recipe.read_text()).get("models") or {}).get("fc")
+        if fc:
+            assert fc.get("cell", sizes["cell"]) == "maxout", recipe.name
