@@ -399,6 +399,7 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
              f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), fixed in the config before the run, "
              f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores; "
              f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
+             *([f"**Not re-trained:** {meta['reread']['note']}"] if meta.get("reread") else []),
              "", *HEADER, *map(claim_line, results), ""]
     for r in results:
         lines.append(f"* {r['text']}: a = {', '.join(_f(x) for x in r['a'])}; b = {', '.join(_f(x) for x in r['b'])}"
@@ -430,7 +431,9 @@ def summary_markdown(out_dir: Path) -> str:
     stamps = []
     for path in sorted(out_dir.glob("[0-9][0-9][0-9].json")):
         data = json.loads(path.read_text())
-        stamps.append(f"{data['paper']}: {data['meta']['commit']}, {data['meta']['date']}")
+        reread = data["meta"].get("reread")
+        stamps.append(f"{data['paper']}: {data['meta']['commit']}, {data['meta']['date']}"
+                      + (f" (verdicts re-read at {reread['commit']} from those scores)" if reread else ""))
         for r in data["results"]:
             cells = claim_line(r).split(" | ")
             lines.append(f"| {data['paper']} | {cells[0].lstrip('| ')} | " + " | ".join(cells[2:]))
@@ -470,6 +473,29 @@ def run_paper(paper: str, args: argparse.Namespace) -> None:
     print(paper_markdown(config, results, meta))
 
 
+def reread_paper(paper: str, args: argparse.Namespace) -> None:
+    """The paper's verdicts again from the per-seed values its last run stored (``<out>/<paper>.json``),
+    under today's config and rules, without training: the runs' scores keep the commit they were
+    measured at, and the page says so. A claim whose runs that run did not train is unresolved."""
+    path = config_path(paper)
+    config = load_config(path)
+    out = Path(args.out)
+    stored = json.loads((out / f"{paper}.json").read_text())
+    per_seed = {int(seed): values for seed, values in stored["per_seed"].items()}
+    for values in per_seed.values():  # tables stored as CSV text by older runs
+        values["tables"] = {k: v if isinstance(v, dict) else {"csv": v} for k, v in values.get("tables", {}).items()}
+    meta = dict(stored["meta"])
+    meta.update(n_seeds=len(config["seeds"]), seeds=config["seeds"], config=str(path.relative_to(REPO)))
+    meta["reread"] = {"commit": commit(), "date": datetime.date.today().isoformat(),
+                      "note": f"the scores were measured at {stored['meta']['commit']} ({stored['meta']['date']}); "
+                              f"the verdicts were re-read at {commit()} under this config and its rules"}
+    results = resolve(config, per_seed)
+    (out / f"{paper}.json").write_text(json.dumps({"paper": paper, "title": config["title"], "meta": meta,
+                                                   "results": results, "per_seed": per_seed}, indent=1))
+    (out / f"{paper}.md").write_text(paper_markdown(config, results, meta))
+    print(paper_markdown(config, results, meta))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
@@ -482,10 +508,12 @@ def main() -> int:
     parser.add_argument("--workdir", default="claims", help="per-seed workflows: <workdir>/<paper>/seed<k>/")
     parser.add_argument("--out", default=str(REPO / "results" / "claims"))
     parser.add_argument("--readme", action="store_true", help="copy the summary into README.md")
+    parser.add_argument("--reread", action="store_true",
+                        help="no training: the verdicts again from the per-seed values <out>/<paper>.json stored")
     args = parser.parse_args()
     papers = sorted(p.name[:3] for p in CONFIGS.glob("[0-9][0-9][0-9]_*.yaml")) if args.all else [args.paper]
     for paper in papers:
-        run_paper(paper, args)
+        (reread_paper if args.reread else run_paper)(paper, args)
     summary = summary_markdown(Path(args.out))
     Path(args.out, "summary.md").write_text(summary)
     if args.readme:
