@@ -287,7 +287,7 @@ def value_of(seed: dict[str, Any], claim: dict[str, Any], side: str) -> float:
     if isinstance(ref, dict):
         key = f"{ref_dataset(claim, ref)}/{ref['table']}"
         if key not in seed.get("tables", {}):
-            raise Missing(f"no table {key}")
+            raise Missing(seed.get("tables_reason") or f"no table {key}")
         try:
             value = table_cell(seed["tables"][key], ref["row"], ref["column"], key)
         except KeyError as exc:
@@ -482,8 +482,11 @@ def reread_paper(paper: str, args: argparse.Namespace) -> None:
     out = Path(args.out)
     stored = json.loads((out / f"{paper}.json").read_text())
     per_seed = {int(seed): values for seed, values in stored["per_seed"].items()}
-    for values in per_seed.values():  # tables stored as CSV text by older runs
-        values["tables"] = {k: v if isinstance(v, dict) else {"csv": v} for k, v in values.get("tables", {}).items()}
+    for values in per_seed.values():
+        if "validation" not in values:  # stored before operating points were chosen on validation
+            values["tables"] = {}
+            values["tables_reason"] = ("its tables' operating points were read off the test curves (stored at "
+                                       f"{stored['meta']['commit']}, before they were chosen on validation): re-run")
     meta = dict(stored["meta"])
     meta.update(n_seeds=len(config["seeds"]), seeds=config["seeds"], config=str(path.relative_to(REPO)))
     meta["reread"] = {"commit": commit(), "date": datetime.date.today().isoformat(),
