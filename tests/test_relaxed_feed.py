@@ -25,6 +25,8 @@ def make_model(arch: str, dropout: float = 0.0) -> Any:
     sizes: dict[str, Any] = {"embed_size": 8, "hidden_size": 12, "dropout": dropout}
     if "att_hidden_size" in MODELS.get(arch).config_class.__dataclass_fields__:
         sizes["att_hidden_size"] = 7
+    if "cell" in MODELS.get(arch).config_class.__dataclass_fields__:
+        sizes["cell"] = "lstm"  # the random toy decodes these tests were laid out on (maxout's may end at once)
     torch.manual_seed(0)
     return build_model(arch, sizes, V, FEAT, REGIONS)
 
