@@ -26,8 +26,9 @@ The tables a claim reads are built here, for each seed, by the pipeline's own ta
 seed's score files, with each run's *validation* numbers attached (``caprl.tables.validation``:
 the val metrics of the epoch its evaluated checkpoint holds, from ``runs/<ds>/<run>/history.json``):
 an ``auto`` operating point (paper 004's matched CIDEr-D or R@5) is then chosen on the validation
-curves and every method's test curve is read there (``caprl.tables.operating``). A test curve that
-does not reach it leaves its cell empty.
+curves, and each method's test numbers are read where its validation curve reaches it
+(``caprl.tables.operating.read_curve``: the runs bracketing it on validation, their test numbers
+mixed in the same proportion). A validation curve that does not reach it leaves its cell empty.
 
 Verdicts. The difference d = a - b (b - a for ``less``) of each seed gives the mean and the 95%
 Student-t interval over the config's seeds. ``greater`` / ``less``: **holds** if the interval lies

@@ -18,8 +18,9 @@ PSST rows of the tables use the runs with ``rho == discriminative.table_rho``.
 ``auto`` is chosen on the **validation** split where the score reports carry the runs'
 validation numbers (``report["validation"]``, :mod:`caprl.tables.validation`: the val metrics
 of the epoch each run's evaluated checkpoint holds): x0 is then the overlap value of the
-*validation* curves (:data:`VAL`), and every method's *test* curve is read at x0; a test curve
-that does not reach x0 has no value there. Without validation numbers ``auto`` falls back to
+*validation* curves (:data:`VAL`), and each method's test numbers are read where its
+validation curve reaches x0 (:func:`read_curve`); a method whose validation curve does not
+reach x0 has no value there. Without validation numbers ``auto`` falls back to
 the test curves (:data:`TEST`), and the tables say so.
 """
 
@@ -185,11 +186,22 @@ def method_points(points: list[Point], method: str, rho: float | None = None, mo
     return sorted(chosen, key=lambda p: (p.lam is None, p.lam or 0.0))
 
 
-def curve(points: list[Point], x: str, y: str, split: str = TEST) -> Curve:
+def curve(points: list[Point], x: str, y: str, split: str = TEST, y_split: str | None = None) -> Curve:
     """(x, y) of every point having both numbers, in the points' (λ) order: of their test
-    numbers (TEST), or of their validation numbers (VAL)."""
-    numbers = [p.numbers(split) for p in points]
-    return [(v[x], v[y]) for v in numbers if x in v and y in v]
+    numbers (TEST), or of their validation numbers (VAL); ``y_split`` takes y from the other
+    split (:func:`read_curve`)."""
+    pairs = [(p.numbers(split), p.numbers(y_split or split)) for p in points]
+    return [(vx[x], vy[y]) for vx, vy in pairs if x in vx and y in vy]
+
+
+def read_curve(points: list[Point], x: str, y: str, chosen_on: str = TEST) -> Curve:
+    """The curve a table cell is read on: x of the numbers the operating point was chosen on, y of
+    the test numbers. Chosen on VAL, :func:`interpolate` at x0 then finds the two runs whose
+    *validation* x brackets x0 and mixes their *test* y in the same proportion: which runs, and in
+    what proportion, is decided on validation, and test only supplies the numbers read. (Read on
+    the test x instead, a val-chosen x0 misses every test curve of a seed whose test split is
+    easier or harder than its val split: paper 004's claims at a202f99, docs/004-psst.md.)"""
+    return curve(points, x, y, chosen_on, TEST)
 
 
 def on_validation(points: list[Point]) -> bool:
@@ -228,7 +240,7 @@ class OperatingPoint:
             return f"none (auto: no {'validation ' if self.split == VAL else ''}curve)"
         if self.auto and self.split == VAL:
             return (f"{show(self.value)} (auto, chosen on validation: the highest value the most compared "
-                    "validation curves reach; read on the test curves)")
+                    "validation curves reach; test numbers read where each validation curve reaches it)")
         if self.auto:
             return f"{show(self.value)} (auto: the highest value the most compared curves reach)"
         same = self.paper is not None and abs(self.paper - self.value) < 1e-9
@@ -251,17 +263,18 @@ def operating_point(params: dict[str, Any], dataset: str, name: str, auto: Calla
     return OperatingPoint(float(value), key, False, paper)
 
 
-def rho_curves(points: list[Point], method: str, model: str | None,
-               split: str = TEST) -> tuple[dict[float, Curve], bool]:
-    """The PSST method's (CIDEr-D, R@10) curve per ρ, of the ``split`` numbers; ρ = 0 from its ST
-    method where no PSST run has ρ = 0 (True when it did)."""
+def rho_curves(points: list[Point], method: str, model: str | None, split: str = TEST,
+               y_split: str | None = None) -> tuple[dict[float, Curve], bool]:
+    """The PSST method's (CIDEr-D, R@10) curve per ρ, of the ``split`` numbers (R@10 of ``y_split``'s
+    where given: :func:`read_curve`); ρ = 0 from its ST method where no PSST run has ρ = 0 (True
+    when it did)."""
     runs = [p for p in points if p.method == method and p.rho is not None and (model is None or p.spec.model == model)]
-    curves = {rho: curve(method_points(runs, method, rho), "CIDEr-D", "R@10", split)
+    curves = {rho: curve(method_points(runs, method, rho), "CIDEr-D", "R@10", split, y_split)
               for rho in sorted({p.rho for p in runs})}
     curves = {rho: c for rho, c in curves.items() if c}
     borrowed = 0.0 not in curves
     if borrowed:
-        st = curve(method_points(points, PSST_METHODS[method], model=model), "CIDEr-D", "R@10", split)
+        st = curve(method_points(points, PSST_METHODS[method], model=model), "CIDEr-D", "R@10", split, y_split)
         if st:
             curves[0.0] = st
         else:

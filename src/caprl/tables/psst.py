@@ -22,7 +22,9 @@ caption of every image of the split (``caprl retrieval --gold``): an upper refer
 generated captions' recall.
 
 A cell is "—" where the method has no run with both scores and retrieval results, or where
-its (test) curve does not reach the operating point (the notes give the curve's range).
+its curve does not reach the operating point (the notes give the curve's range): its test
+curve, or, where the point was chosen on validation, its validation curve (the test numbers are
+read where the validation curve reaches the point: ``caprl.tables.operating.read_curve``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from caprl.tables.build import Scores, degenerate_flags, register_table, unavail
 from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABELS, PSST_METHODS, RECALLS, TEST,
                                     VAL, Curve, OperatingPoint, Point, curve, decode_text, family_points,
                                     interpolate, method_points, models_of, on_validation, operating_point,
-                                    overlap_value, rho_curves, table_rho, x_range)
+                                    overlap_value, read_curve, rho_curves, table_rho, x_range)
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import gold_retrieval_runs
 
@@ -91,8 +93,9 @@ class Family:
         return [curve(self.runs(m, model), x, y, split) for model in self.models for m in methods]
 
     def auto(self, methods: list[str], x: str, y: str) -> float | None:
-        """The overlap value of the methods' curves in ``x``: their validation curves where the
-        runs carry validation numbers (then read on the test curves), else their test curves."""
+        """The overlap value of the methods' curves in ``x``: their validation curves where the runs
+        carry validation numbers (each test number is then read where its validation curve reaches
+        the point), else their test curves."""
         return overlap_value(self.curves(methods, x, y, self.split))
 
     def title(self, what: str) -> str:
@@ -142,12 +145,13 @@ def gold_notes(params: dict[str, Any], dataset: str, scores: Scores) -> list[str
 
 def outside_note(label: str, points: list[Point], x: str, op: OperatingPoint,
                  show: Callable[[float], str]) -> str | None:
-    """Why a curve has no value at the operating point: the range of ``x`` its runs cover (their
-    test numbers: the curve the cells are read on)."""
-    span = x_range(curve(points, x, x))  # the points having x
+    """Why a curve has no value at the operating point: the range of ``x`` its runs cover (the
+    numbers the point was chosen on: the x of the curve the cells are read on)."""
+    span = x_range(read_curve(points, x, x, op.split))  # the points having x (and a test number)
     if op.value is None or span is None or span[0] <= op.value <= span[1]:
         return None
-    return f"{label}: its runs' {x} spans {show(span[0])}–{show(span[1])}, not {show(op.value)}."
+    val = "val " if op.split == VAL else ""
+    return f"{label}: its runs' {val}{x} spans {show(span[0])}–{show(span[1])}, not {show(op.value)}."
 
 
 def operating_note(op: OperatingPoint, x: str) -> list[str]:
@@ -158,18 +162,21 @@ def operating_note(op: OperatingPoint, x: str) -> list[str]:
     if op.split == VAL:
         return [f"Operating point chosen on the validation split: the highest {x} the most compared validation "
                 "curves reach (each run's point: the val numbers of the epoch its evaluated checkpoint holds: val "
-                "CIDEr-D of its evaluation decoding, val recall of its greedy captions among the val images), then "
-                "read on each method's test curve; — where a test curve does not reach it."]
+                "CIDEr-D of its evaluation decoding, val recall of its greedy captions among the val images); each "
+                "method's test numbers are read where its validation curve reaches it (the two runs whose val values "
+                "bracket it, their test numbers mixed in the same proportion); — where its validation curve does not "
+                "reach it."]
     return [f"Operating point read on the test curves: the score reports carry no validation numbers "
             "(caprl.tables.validation attaches them; benchmarks/claims.py does)."]
 
 
-def read_cells(points: list[Point], x: str, ys: list[str], x0: float | None, scale: float, decimals: int,
+def read_cells(points: list[Point], x: str, ys: list[str], op: OperatingPoint, scale: float, decimals: int,
                numbers: dict[str, float] | None) -> list[Cell]:
-    """Each ``y`` read at ``x0`` on the (x, y) curve of ``points``, times ``scale``; paper's beside."""
+    """Each test ``y`` read at the operating point on the (x, y) curve of ``points`` (x of the
+    numbers it was chosen on: :func:`read_curve`), times ``scale``; paper's beside."""
     cells = []
     for y in ys:
-        value = None if x0 is None else interpolate(curve(points, x, y), x0)
+        value = None if op.value is None else interpolate(read_curve(points, x, y, op.split), op.value)
         cells.append(Cell(None if value is None else scale * value, (numbers or {}).get(y), decimals=decimals))
     return cells
 
@@ -184,7 +191,7 @@ def curve_rows(family: Family, methods: list[str], x: str, ys: list[str], op: Op
             runs = [p for p in family.runs(method, model) if p.complete]
             flags = family.flags(runs)
             rows.append((label, [dataclasses.replace(c, flags=flags) for c in read_cells(
-                runs, x, ys, op.value, scale, decimals, None if numbers is None else numbers.get(method))]))
+                runs, x, ys, op, scale, decimals, None if numbers is None else numbers.get(method))]))
             notes += [n for n in (family.missing_note(method, model, label), outside_note(label, runs, x, op, show))
                       if n]
     return rows
@@ -310,9 +317,11 @@ def psst_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         rows = curve_rows(family, [method], "CIDEr-D", RECALLS, op, 100.0, 1, {method: numbers(method) or {}},
                           fraction, notes)
         out = []
-        for label, cells in rows:
+        for model, (label, cells) in zip(family.models, rows):
             reached = cells and any(c.ours is not None for c in cells)
-            out.append((label, [Cell(op.value if reached else None, paper_cider, decimals=3), *cells]))
+            runs = [p for p in family.runs(method, model) if p.complete]
+            cider = interpolate(read_curve(runs, "CIDEr-D", "CIDEr-D", op.split), op.value) if reached else None
+            out.append((label, [Cell(cider, paper_cider, decimals=3), *cells]))  # test CIDEr-D there
         return out
 
     table.rows += curve_row("luo2018")
@@ -394,6 +403,8 @@ def psst_rho(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     curves = {(m, model): rho_curves(points, m, model) for model in family.models for m in PSST_METHODS}
     chosen_on = curves if family.split == TEST else {  # validation: every run with validation numbers
         (m, model): rho_curves(family.points, m, model, VAL) for model in family.models for m in PSST_METHODS}
+    if family.split == VAL:  # read: test R@10 where each validation curve reaches the point
+        curves = {(m, model): rho_curves(points, m, model, VAL, TEST) for model in family.models for m in PSST_METHODS}
     op = operating_point(params, dataset, "rho_cider",
                          lambda: overlap_value(c for per_rho, _ in chosen_on.values() for c in per_rho.values()),
                          split=family.split)
@@ -409,7 +420,8 @@ def psst_rho(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         for rho, c in per_rho.items():
             span = x_range(c)
             if op.value is not None and span is not None and not span[0] <= op.value <= span[1]:
-                outside.append(f"{label}, ρ = {rho:g}: its runs' CIDEr-D spans {fraction(span[0])}–"
+                outside.append(f"{label}, ρ = {rho:g}: its runs' {'val ' if op.split == VAL else ''}CIDEr-D spans "
+                               f"{fraction(span[0])}–"
                                f"{fraction(span[1])}, not {fraction(op.value)}.")
         if from_st:
             borrowed.append(METHOD_LABELS[PSST_METHODS[method]])
