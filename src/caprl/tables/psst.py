@@ -317,11 +317,10 @@ def psst_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         rows = curve_rows(family, [method], "CIDEr-D", RECALLS, op, 100.0, 1, {method: numbers(method) or {}},
                           fraction, notes)
         out = []
-        for model, (label, cells) in zip(family.models, rows):
-            reached = cells and any(c.ours is not None for c in cells)
+        for model, (label, cells) in zip(family.models, rows):  # and the test CIDEr-D read there
             runs = [p for p in family.runs(method, model) if p.complete]
-            cider = interpolate(read_curve(runs, "CIDEr-D", "CIDEr-D", op.split), op.value) if reached else None
-            out.append((label, [Cell(cider, paper_cider, decimals=3), *cells]))  # test CIDEr-D there
+            cider = read_cells(runs, "CIDEr-D", ["CIDEr-D"], op, 1.0, 3, {"CIDEr-D": paper_cider})
+            out.append((label, [*cider, *cells]))
         return out
 
     table.rows += curve_row("luo2018")
@@ -400,11 +399,11 @@ def psst_rho(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     method's ρ curves (ρ = 0: its ST method's curve where no PSST run has ρ = 0)."""
     family = Family(params, dataset, scores)
     points = [p for p in family.points if p.complete]
-    curves = {(m, model): rho_curves(points, m, model) for model in family.models for m in PSST_METHODS}
+    # read on: test R@10 against the CIDEr-D the point is chosen on (read_curve)
+    curves = {(m, model): rho_curves(points, m, model, family.split, TEST)
+              for model in family.models for m in PSST_METHODS}
     chosen_on = curves if family.split == TEST else {  # validation: every run with validation numbers
         (m, model): rho_curves(family.points, m, model, VAL) for model in family.models for m in PSST_METHODS}
-    if family.split == VAL:  # read: test R@10 where each validation curve reaches the point
-        curves = {(m, model): rho_curves(points, m, model, VAL, TEST) for model in family.models for m in PSST_METHODS}
     op = operating_point(params, dataset, "rho_cider",
                          lambda: overlap_value(c for per_rho, _ in chosen_on.values() for c in per_rho.values()),
                          split=family.split)
