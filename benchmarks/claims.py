@@ -47,6 +47,7 @@ the summary, with the commit and date, between the claims markers of README.md.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import csv
 import datetime
@@ -59,7 +60,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -395,10 +396,15 @@ def claim_line(r: dict[str, Any]) -> str:
 HEADER = ["| claim | paper | mean a vs b | paired diff | 95% CI | seeds | verdict |", "|---|---|---|---|---|---|---|"]
 
 
+def at_once(meta: dict[str, Any]) -> str:
+    jobs = meta.get("seed_jobs", 1)
+    return f", {jobs} seeds at a time" if jobs > 1 else ""
+
+
 def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Paper {config['paper']}: {config['title']}", "",
              f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), fixed in the config before the run, "
-             f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores; "
+             f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores{at_once(meta)}; "
              f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
              *([f"**Not re-trained:** {meta['reread']['note']}"] if meta.get("reread") else []),
              "", *HEADER, *map(claim_line, results), ""]
@@ -451,19 +457,41 @@ def update_readme(summary: str) -> None:
     readme.write_text(f"{head}{README_START}\n{summary}{README_END}{tail}")
 
 
+def run_seeds(config: dict[str, Any], seeds: list[int], workdir: Path, cores: int, at_once: int,
+              done: Callable[[int, dict[str, Any]], None] = lambda seed, out: None) -> dict[int, dict[str, Any]]:
+    """Every seed's :func:`run_seed`, ``at_once`` of them at a time (each its own snakemake on the
+    same ``cores``: a job is one thread, so two seeds keep both cores busy where one seed's DAG
+    narrows to a single long run, as paper 001's equal-budget PG-SPIDEr). The seeds' workflows
+    share nothing but the machine, so their scores do not depend on ``at_once``; the first seed
+    that fails stops the others from starting and is raised. Returned in the config's seed order."""
+    if at_once < 1:
+        raise SystemExit(f"--seed-jobs: expected at least 1 seed at a time, got {at_once}")
+    results: dict[int, dict[str, Any]] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
+        futures = {pool.submit(run_seed, config, seed, workdir / f"seed{seed}", cores): seed for seed in seeds}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                results[futures[future]] = future.result()
+                done(futures[future], results[futures[future]])
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return {seed: results[seed] for seed in seeds}
+
+
 def run_paper(paper: str, args: argparse.Namespace) -> None:
     path = config_path(paper)
     config = load_config(path)
     seeds = config["seeds"][: args.seeds] if args.seeds else config["seeds"]
     started = time.time()
-    per_seed = {}
-    for seed in seeds:
-        per_seed[seed] = run_seed(config, seed, Path(args.workdir) / paper / f"seed{seed}", args.cores)
-        print(f"paper {paper}: seed {seed} done in {per_seed[seed]['seconds']} s", flush=True)
+    per_seed = run_seeds(config, seeds, Path(args.workdir) / paper, args.cores, args.seed_jobs,
+                         lambda seed, out: print(f"paper {paper}: seed {seed} done in {out['seconds']} s", flush=True))
     results = resolve(config, per_seed)  # every seed of the config: a seed not run leaves each claim unresolved
     params = seed_params(config, seeds[0])
     meta = {"n_seeds": len(config["seeds"]), "seeds": config["seeds"], "seeds_run": seeds,
-            "seconds": round(time.time() - started), "cores": args.cores, "commit": commit(),
+            "seconds": round(time.time() - started), "cores": args.cores, "seed_jobs": args.seed_jobs,
+            "commit": commit(),
             "date": datetime.date.today().isoformat(), "config": str(path.relative_to(REPO)),
             "test_images": params["synthetic"]["n_test"]}
     out = Path(args.out)
@@ -509,6 +537,8 @@ def main() -> int:
                         help="run only the first N seeds of the config (a quick look: a verdict needs every seed "
                              "of the config, so every claim is then unresolved, the seeds not run named)")
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--seed-jobs", type=int, default=1,
+                        help="seeds run at once, each a snakemake on --cores (default 1: one after another)")
     parser.add_argument("--workdir", default="claims", help="per-seed workflows: <workdir>/<paper>/seed<k>/")
     parser.add_argument("--out", default=str(REPO / "results" / "claims"))
     parser.add_argument("--readme", action="store_true", help="copy the summary into README.md")

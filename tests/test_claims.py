@@ -112,21 +112,29 @@ def test_the_five_papers_state_at_least_32_claims():
 
 
 @pytest.mark.e2e
-def test_a_seed_runs_the_real_workflow_in_a_relative_workdir(tmp_path, monkeypatch):
-    """run_seed with a relative folder (the default --workdir, claims/): the real Snakemake builds the
-    seed's scores there, once (the folder was resolved twice: claims/p/seed1/claims/p/seed1)."""
+def test_seeds_run_the_real_workflow_in_a_relative_workdir_two_at_a_time(tmp_path, monkeypatch):
+    """run_seeds with a relative folder (the default --workdir, claims/): the real Snakemake builds each
+    seed's scores there, once (the folder was resolved twice: claims/p/seed1/claims/p/seed1), two seeds'
+    workflows side by side (--seed-jobs 2), returned in the config's seed order."""
     from conftest import TINY
 
     monkeypatch.chdir(tmp_path)
     config = {"params": {**{k: v for k, v in TINY.items() if k != "runs"}, "runs": ["fc-xe"],
                          "evaluate": {"metrics": ["bleu", "cider_d"], "diversity": {"methods": []}}},
               "claims": []}
-    out = claims.run_seed(config, 1, claims.Path("claims") / "p" / "seed1", cores=2)
-    scores = out["runs"]["synthetic/fc-xe"]
-    assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
-    assert 0 <= out["validation"]["synthetic/fc-xe"]["CIDEr-D"]  # its history's best epoch: the evaluated weights
-    assert (tmp_path / "claims" / "p" / "seed1" / "params.yaml").exists()
-    assert not (tmp_path / "claims" / "p" / "seed1" / "claims").exists()
+    finished = []
+    per_seed = claims.run_seeds(config, [2, 1], claims.Path("claims") / "p", cores=2, at_once=2,
+                                done=lambda seed, out: finished.append(seed))
+    assert list(per_seed) == [2, 1] and sorted(finished) == [1, 2]
+    for seed, out in per_seed.items():
+        scores = out["runs"]["synthetic/fc-xe"]
+        assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
+        assert 0 <= out["validation"]["synthetic/fc-xe"]["CIDEr-D"]  # its history's best epoch: the evaluated weights
+        assert (tmp_path / "claims" / "p" / f"seed{seed}" / "params.yaml").exists()
+        assert not (tmp_path / "claims" / "p" / f"seed{seed}" / "claims").exists()
+    assert per_seed[1]["runs"] != per_seed[2]["runs"]  # each seed its own data and weights
+    with pytest.raises(SystemExit, match="at least 1"):
+        claims.run_seeds(config, [1], claims.Path("claims") / "p", cores=2, at_once=0)
 
 
 def test_the_commit_is_dirty_for_code_not_for_the_claims_own_outputs(tmp_path, monkeypatch):
