@@ -1,6 +1,6 @@
 # caprl: raw data -> features -> vocabulary -> XE -> RL -> evaluation -> tables, for every
 # enabled dataset of params.yaml. Every rule runs one `caprl <stage>` command; the jobs come
-# from caprl.workflow_plan, which `caprl dvc-yaml` also uses to write dvc.yaml.
+# from caprl.workflow.plan, which `caprl dvc-yaml` also uses to write dvc.yaml.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -17,9 +17,9 @@ validate(config, "workflow/schemas/params.schema.yaml")
 
 # After `dvc pull`, `dvc checkout` or `dvc commit` (dvc.lock changed), the outputs DVC reports
 # up to date get modification times in the DAG's order, so Snakemake re-runs none of them
-# (caprl.dvc_sync; a no-op without a new dvc.lock).
+# (caprl.workflow.dvc_sync; a no-op without a new dvc.lock).
 if workflow.is_main_process:
-    from caprl.dvc_sync import sync_after_dvc
+    from caprl.workflow.dvc_sync import sync_after_dvc
 
     sync_after_dvc()
 
@@ -49,7 +49,7 @@ rule tuning:  # each tuned run's options chosen on the validation split (tuning:
         TUNING_FILES,
 
 
-# Three helpers shared by the jobs of a local run (caprl.services): the job server (torch, MLflow
+# Three helpers shared by the jobs of a local run (caprl.cli.services): the job server (torch, MLflow
 # and every stage imported once, each `caprl` job forked from it: ~5-8 s of CPU saved per job), one
 # METEOR JVM (~6 s per evaluation) and one MLflow client (~1.5 s per tracked job). The jobs find them
 # through environment variables and do the work themselves without them. Not started on dry runs
@@ -57,19 +57,19 @@ rule tuning:  # each tuned run's options chosen on the validation split (tuning:
 # they exit by themselves when Snakemake does, even if neither hook below runs.
 onstart:
     if workflow.local_exec:
-        from caprl import services
+        from caprl.cli import services
 
         for name, socket_path in services.start_all(".snakemake/log").items():
             logger.info(f"{name} for this run's jobs: {socket_path}")
 
 
 onsuccess:
-    from caprl import services
+    from caprl.cli import services
 
     services.stop_all()
 
 
 onerror:
-    from caprl import services
+    from caprl.cli import services
 
     services.stop_all()

@@ -190,7 +190,7 @@ def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, s
     from caprl.tables import validation
     from caprl.tables.build import FORMATS, build_tables, load_scores
     from caprl.tables.runs import dataset_runs, gold_retrieval_runs
-    from caprl.workflow_plan import RESULTS
+    from caprl.workflow.plan import RESULTS
 
     expanded = params_mod.expand_tuning(params_mod.expand_sweeps(copy.deepcopy(params)))
     out: dict[str, dict[str, Any]] = {}
@@ -213,7 +213,7 @@ def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> di
     """Build the seed's scores (and what the tables the claims read need) with the real workflow;
     collect them, every trained run's validation numbers, and those tables (built here, their
     operating points chosen on validation)."""
-    from caprl.workflow_plan import RETRIEVAL, SCORES, build_plan
+    from caprl.workflow.plan import RETRIEVAL, SCORES, build_plan
 
     workdir = workdir.resolve()  # snakemake runs in it (cwd) and is told it (--directory): one absolute path
     workdir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""No-gradient decodes eager against replayed from a CUDA graph (:mod:`caprl.captured`), at COCO sizes.
+"""No-gradient decodes eager against replayed from a CUDA graph (:mod:`caprl.decoding.captured`), at COCO sizes.
 
     python benchmarks/decode_graphs.py [--device cuda] [--batches 50 250] [--repeats 20] [--markdown PATH]
 
@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from caprl import captured, decoding
+from caprl import decoding
+from caprl.decoding import captured
 from caprl.models import build_model
 
 VOCAB, DIM, REGIONS, SIZE, LENGTH, ROLLOUTS = 9487, 2048, 36, 512, 16, 3

@@ -3,11 +3,11 @@
     python benchmarks/job_startup.py [--jobs N] [--json PATH]
 
 1. Start-up: ``caprl train --help`` (the training stage's imports: torch, MLflow, the stage's
-   modules; nothing trained) as a command by itself and through ``caprl.job_server``.
+   modules; nothing trained) as a command by itself and through ``caprl.cli.job_server``.
 2. Tracking: a fresh Python process that does what a training job does with MLflow (one
    Tracker: params, 20 metric batches, tags, a text and a file artifact, the final status) and
    nothing else, in a scratch directory with a sqlite store: MLflow's own client in the job
-   (as on a cluster node) vs the relay (``caprl.tracking_store``, as under a local Snakemake run).
+   (as on a cluster node) vs the relay (``caprl.tracking.store``, as under a local Snakemake run).
 The two ways alternate, so that both see the same machine. Prints wall seconds per job (median;
 for the relay also the job's own CPU seconds) and the ratios measured in this run.
 """
@@ -24,7 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from caprl import job_server, socket_service, tracking_store
+from caprl.cli import job_server
+from caprl.runtime import socket_service
+from caprl.tracking import store as tracking_store
 
 JOB = """
 import resource

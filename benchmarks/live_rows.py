@@ -1,4 +1,4 @@
-"""What dropping ended rows from a CPU decode gains (caprl.live_rows), on a finished main run's models.
+"""What dropping ended rows from a CPU decode gains (caprl.decoding.live_rows), on a finished main run's models.
 
     python benchmarks/live_rows.py [--workdir .] [--runs fc-scst topdown-scst fc-pg_spider-cider_d]
                                    [--steps 8] [--rounds 2]
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from caprl import checkpoint, decoding, live_rows, params as params_mod
+from caprl import decoding, params as params_mod
+from caprl.models import checkpoint
+from caprl.decoding import live_rows
 from caprl.data.loader import CaptionData, DataPaths, Loading
 from caprl.objectives import ObjectiveEnv, build_objective
 from caprl.rewards import build_reward, load_document_frequencies

@@ -66,10 +66,11 @@ def coco_images(path: Path) -> list[tuple[int, list[str]]]:
 def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captions: Path = CAPTIONS) -> dict[str, str]:
     """Annotations, vocabulary, labels and features files for ``n_images`` images (default: the
     5k val images); more images than that reuse the captions cyclically under new ids."""
-    from caprl import io, provenance
+    from caprl import io
+    from caprl.io import provenance
     from caprl.data.karpathy import prepare_annotations
     from caprl.data.vocab import build_vocab, encode_labels, write_labels
-    from caprl.features.store import open_writer
+    from caprl.data.feature_store import open_writer
     from caprl.rewards import compute_document_frequencies
     from caprl.rewards.document_frequencies import save_document_frequencies
     from caprl.data.annotations import references_from_annotations

@@ -5,7 +5,7 @@ the commands the workflow runs (``snakemake -n -p --forceall all_tables`` prints
 workflow/rules/data.smk and features.smk hold them): synthesize, prepare, vocab, features
 for every shard (concurrently, as Snakemake would on 2 cores), merge-features, cider-df and
 optionally references, for one dataset of params.yaml. Output paths follow
-caprl.workflow_plan (as the Snakefile), relative to ``workdir``. It returns the absolute
+caprl.workflow.plan (as the Snakefile), relative to ``workdir``. It returns the absolute
 paths, ready to pass to ``caprl train``/``evaluate`` (with ``--dataset``).
 """
 
@@ -63,7 +63,7 @@ def build_dataset(workdir: Path, params: dict[str, Any], references: Sequence[st
     ``references``: splits whose COCO-format references to write too (as the evaluate rules use).
     """
     from caprl.params import dataset_spec, enabled_datasets
-    from caprl.workflow_plan import Dataset
+    from caprl.workflow.plan import Dataset
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -108,4 +108,26 @@ def build_dataset(workdir: Path, params: dict[str, Any], references: Sequence[st
     for split, out in paths.references.items():
         run("references", f"references_{split}.log", "--annotations", paths.annotations, "--split", split,
             "--out", out)
+    return paths
+
+
+def tiny_files(tmp_path: Path, n_test: int = 3, image_size: int = 32) -> dict[str, Path]:
+    """A generated dataset's files made in this process (no CLI): ``annotations.json``,
+    ``vocab.json`` (every word), ``labels.h5`` and 16-d patch ``features.h5`` under ``tmp_path``."""
+    from caprl import io
+    from caprl.data import karpathy, synthetic
+    from caprl.data.vocab import build_vocab, encode_labels, write_labels
+    from caprl.features.backbones import PatchesBackbone
+    from caprl.features.extract import extract_features
+
+    cfg = {"n_train": 6, "n_val": 2, "n_test": n_test, "image_size": image_size, "max_objects": 2}
+    synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
+    annotations = karpathy.prepare_annotations(karpathy.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
+    paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
+    io.write_json(paths["annotations.json"], annotations)
+    vocab = build_vocab(annotations, 1, 16)
+    write_labels(paths["labels.h5"], encode_labels(annotations, vocab), vocab)
+    io.write_json(paths["vocab.json"], vocab.to_json())
+    extract_features(annotations["images"], tmp_path / "images", PatchesBackbone(grid=4, cell_size=4),
+                     paths["features.h5"], 16)
     return paths

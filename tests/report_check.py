@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 import yaml
 
-from caprl.workflow_plan import build_plan
+from caprl.workflow.plan import build_plan
 from screenshot import chromium_path, non_trivial, screenshot, visible_text
 
 # the report's subcategory of a table or figure starts with its paper's tag (workflow/rules/figures.smk)

@@ -10,15 +10,15 @@ from typing import Any
 import torch
 import yaml
 
-from caprl import checkpoint
+from caprl.models import checkpoint
 from caprl.data.vocab import Vocab
-from caprl.features.store import open_features_file
+from caprl.data.feature_store import open_features_file
 from caprl.models import build_model
 from conftest import TINY, default_params, merge
 from pipeline_data import DatasetPaths, build_dataset, caprl_command
 
 
-#: the words the plan and ``caprl evaluate`` refuse lookahead decoding of an xe run in (caprl.run_checks)
+#: the words the plan and ``caprl evaluate`` refuse lookahead decoding of an xe run in (caprl.objectives.run_checks)
 LOOKAHEAD_ON_XE = ("runs.fc-xe.decode.method: lookahead decoding needs a value network, which method xe of run "
                    "fc-xe does not train (only actor_critic runs have one): decode it with greedy or beam")
 

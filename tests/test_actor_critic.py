@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from caprl import checkpoint, decoding
+from caprl import decoding
+from caprl.models import checkpoint
 from caprl.decoding import DECODERS, beam_search
 from caprl.errors import CaprlError
-from caprl.lookahead import lookahead_search
+from caprl.decoding.lookahead import lookahead_search
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective
 from caprl.objectives.actor_critic import advantages

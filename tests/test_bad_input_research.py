@@ -25,7 +25,7 @@ from PIL import Image
 
 from caprl import io
 from caprl.evaluation.degenerate import MIN_DISTINCT_FRACTION, degenerate_warnings
-from caprl.features.store import open_features_file
+from caprl.data.feature_store import open_features_file
 from conftest import REPO, TINY, default_params, merge
 from pipeline_data import DatasetPaths, caprl_command
 from stage_inputs import LOOKAHEAD_ON_XE, caprl, degenerate_checkpoint, temporaries, user_error, write_params
@@ -140,7 +140,7 @@ def test_snakemake_names_the_init_key_before_building_the_dag(tmp_path: Path) ->
         # a run starting from one that cannot run here is skipped, and says why (design: the rest runs)
         "run fc-scst on dataset synthetic is skipped: starts from run fc-pg_spider-spider, which is skipped":
             init_params(model="fc-pg_spider-spider"),
-        # what the method has: the stages refuse the same in the same words (caprl.run_checks)
+        # what the method has: the stages refuse the same in the same words (caprl.objectives.run_checks)
         "runs.fc-scst.init.listener: method scst has no module 'listener' (its runs train model); drop "
         "init.listener": init_params(model="fc-xe", listener="fc-xe"),
         LOOKAHEAD_ON_XE: lookahead_params(),

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from caprl import checkpoint, params as params_mod
+from caprl import params as params_mod
+from caprl.models import checkpoint
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.xe import CrossEntropy
@@ -137,7 +138,7 @@ def test_the_start_is_validated_once_not_again_on_resume(xe_run: Path, tmp_path:
 def test_mlflow_sync_logs_a_history_record_under_the_trainers_keys() -> None:
     """``caprl mlflow-sync`` replays history.json: epoch 0 has no training loss and its
     ``start`` flag is no metric; an epoch's ``lr`` is ``train/lr`` as the trainer logs it."""
-    from caprl.tracking_sync import epoch_metrics
+    from caprl.workflow.mlflow_sync import epoch_metrics
 
     start = {"epoch": 0, "step": 0, "train_loss": None, "step_losses": [], "start": True, "seconds": 0.2,
              "val_CIDEr-D": 0.5}

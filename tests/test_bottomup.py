@@ -18,7 +18,7 @@ import pytest
 
 from caprl.data.bottomup import FIELDNAMES, convert, iter_rows
 from caprl.errors import CaprlError
-from caprl.features.store import Features, check_file
+from caprl.data.feature_store import Features, check_file
 
 BOXES, DIM = 36, 2048
 

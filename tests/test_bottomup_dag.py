@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from caprl import checkpoint, workflow_plan as wp
+from caprl.models import checkpoint
+from caprl.workflow import plan as wp
 from caprl.errors import CaprlError
 from conftest import REPO, TINY, default_params, merge
 from test_bottomup import BOXES, DIM, make_row, write_tsv

@@ -1,4 +1,4 @@
-"""`caprl plan` (caprl.costs): every job of the plan with its estimated hours, from measured step costs."""
+"""`caprl plan` (caprl.workflow.costs): every job of the plan with its estimated hours, from measured step costs."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from caprl import costs, params as params_mod
-from caprl.workflow_plan import build_plan
+from caprl import params as params_mod
+from caprl.workflow import costs
+from caprl.workflow.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "params.yaml"

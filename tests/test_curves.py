@@ -185,7 +185,7 @@ def test_bad_history_is_an_error_naming_the_file(tmp_path: Path) -> None:
 
 
 def test_plan_lists_every_curve_file() -> None:
-    from caprl import workflow_plan as wp
+    from caprl.workflow import plan as wp
     from conftest import default_params
 
     plan = wp.build_plan(default_params())

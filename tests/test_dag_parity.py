@@ -60,7 +60,7 @@ def test_every_cli_stage_is_in_the_dag(tmp_path: Path) -> None:
 
 def test_committed_dvc_yaml_is_current() -> None:
     from caprl import params as params_mod
-    from caprl.dvc_gen import render
+    from caprl.workflow.dvc import render
 
     expected = render(params_mod.load(REPO / "params.yaml"))
     assert (REPO / "dvc.yaml").read_text() == expected, "dvc.yaml is stale: run `caprl dvc-yaml`"
@@ -70,7 +70,7 @@ def test_two_datasets_and_run_subsets_give_the_same_commands(tmp_path: Path) -> 
     """A second generated dataset, a run limited to one dataset: both tools, the same jobs."""
     import yaml
 
-    from caprl.dvc_gen import render
+    from caprl.workflow.dvc import render
     from conftest import two_dataset_params
 
     work = copy_workflow(tmp_path)
@@ -98,7 +98,7 @@ def test_a_bottomup_dataset_gives_the_same_commands(tmp_path: Path) -> None:
     shards, no merge, no attention figure), the other dataset's still extracted; both tools agree."""
     import yaml
 
-    from caprl.dvc_gen import render
+    from caprl.workflow.dvc import render
     from conftest import two_dataset_params
 
     work = copy_workflow(tmp_path)
@@ -120,3 +120,35 @@ def test_a_bottomup_dataset_gives_the_same_commands(tmp_path: Path) -> None:
     for stage in ("features", "merge-features", "attention-figure"):
         assert by_stage[stage] and not any("shapes_b" in c for c in by_stage[stage]), stage
     assert any("--features data/shapes_b/features_bottomup.h5" in c for c in smk if c.startswith("caprl train "))
+
+
+def test_one_source_for_what_a_training_job_depends_on() -> None:
+    """Snakemake's params trigger (the plan's TrainJob.settings) and DVC's stage params read the same
+    keys: a change of any of them re-plans the job under both engines (they differed: Snakemake
+    watched the dataset's settings and not the listener's, DVC the listener's and not the dataset's)."""
+    import copy
+
+    from caprl import params as params_mod
+    from caprl.workflow import dvc as dvc_gen
+    from caprl.workflow.plan import build_plan, lookup
+
+    params = params_mod.load(REPO / "params.yaml")
+    plan = build_plan(params)
+    stages = dvc_gen.dvc_stages(plan)
+    jobs = [job for ds in plan.datasets for job in plan.trained(ds)]
+    assert any(job.retrieval or job.gold_retrieval for job in jobs)
+    for job in jobs:
+        keys = job.settings_keys(plan.params)
+        assert stages[f"{job.dataset}-train-{job.run}"]["params"] == keys, job.run
+        if job.retrieval or job.gold_retrieval:
+            assert "listener" in keys
+        if job.spec.options.get("reward"):
+            assert f"rewards.{job.spec.options['reward']}" in keys
+    job = next(job for job in jobs if job.retrieval)
+    before = job.settings(plan.params)
+    for key in job.settings_keys(plan.params):
+        changed = copy.deepcopy(plan.params)
+        *head, last = key.split(".")
+        parent = lookup(changed, ".".join(head)) if head else changed
+        parent[last] = {"changed": True}
+        assert job.settings(changed) != before, key  # Snakemake's params trigger fires

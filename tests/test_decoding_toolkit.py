@@ -120,7 +120,7 @@ def test_decode_split_covers_every_image_once_in_batches() -> None:
 
 def count_shrinks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Records, for every LiveRows.shrink call, whether it dropped rows."""
-    from caprl import live_rows
+    from caprl.decoding import live_rows
 
     shrinks: list[bool] = []
     real = live_rows.LiveRows.shrink
@@ -136,10 +136,10 @@ def count_shrinks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 @pytest.mark.parametrize("arch", ["fc", "topdown", "stackcap"])
 def test_ended_rows_leave_a_cpu_decode_and_nothing_changes(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """caprl.live_rows: in eval mode on a CPU the decode drops ended rows as it goes; the captions and
+    """caprl.decoding.live_rows: in eval mode on a CPU the decode drops ended rows as it goes; the captions and
     masks equal those of stepping every row, the log-probabilities and entropies to 1e-6 (a product
     over fewer rows may round its last bit otherwise)."""
-    from caprl import live_rows
+    from caprl.decoding import live_rows
 
     model = ending_model(arch).eval()
     ctx = model.encode(torch.randn(20, 8), torch.randn(20, 4, 8))
@@ -166,7 +166,7 @@ def test_a_training_decode_drops_ended_rows_with_the_same_samples_masks_and_grad
     """In train mode too the decode drops ended rows, and its dropout masks stay the full batch's
     (caprl.models.base.RowDropout): the same samples, and the same loss and gradients to 1e-6, as
     stepping every row; each architecture applies dropout in its own places."""
-    from caprl import live_rows
+    from caprl.decoding import live_rows
 
     model = ending_model(arch).train()
     pooled, regions = torch.randn(20, 8), torch.randn(20, 4, 8)

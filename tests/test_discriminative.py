@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from caprl import checkpoint, decoding
+from caprl import decoding
+from caprl.models import checkpoint
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import Batch, Objective, ObjectiveEnv, build_objective

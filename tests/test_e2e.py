@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from caprl.dvc_gen import render
+from caprl.workflow.dvc import render
 from caprl.params import expand_sweeps
-from caprl.workflow_plan import build_plan
+from caprl.workflow.plan import build_plan
 from conftest import REPO, TINY, TINY_VIDEO, default_params, full_run, merge
 from report_check import check_curves, check_mlflow_compare, check_report
 

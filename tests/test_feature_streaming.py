@@ -18,7 +18,7 @@ import torch
 
 from caprl.data.loader import Loading
 from caprl.data.prefetch import Prefetcher
-from caprl.features.store import CHUNK_BYTES, Features, chunk_rows, write_features
+from caprl.data.feature_store import CHUNK_BYTES, Features, chunk_rows, write_features
 
 ATTRS = {"backbone": "patches", "grid": 2, "dim": 6, "n_regions": 4}
 
@@ -147,7 +147,8 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.parametrize("run", ["topdown-xe", "fc-scst"])
 def test_training_from_disk_equals_training_in_memory(tiny_dataset: Any, tmp_path: Path, run: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import checkpoint, params as params_mod
+    from caprl import params as params_mod
+    from caprl.models import checkpoint
     from caprl.data.loader import CaptionData, DataPaths
     from caprl.training import run as run_mod
 

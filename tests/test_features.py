@@ -21,7 +21,7 @@ from caprl.features.backbones import BACKBONES, PatchesBackbone, build_backbone
 from caprl.data.annotations import load_annotations
 from caprl.features.extract import extract_features, shard_count, shard_images
 from caprl.features.merge import merge_shards, shards_in
-from caprl.features.store import write_features
+from caprl.data.feature_store import write_features
 
 REPO = Path(__file__).resolve().parents[1]
 

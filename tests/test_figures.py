@@ -10,15 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
-from caprl import io
-from caprl.data import karpathy, synthetic
-from caprl.data.vocab import build_vocab, encode_labels, write_labels
 from caprl.errors import CaprlError
-from caprl.features.backbones import PatchesBackbone
-from caprl.features.extract import extract_features
 from caprl.figures import attention as fig_mod
 from caprl.models import build_model
-from caprl import checkpoint
+from caprl.data.vocab import Vocab
+from caprl.models import checkpoint
+from pipeline_data import tiny_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,16 +61,8 @@ def test_figure_overlays_each_words_map_on_the_image() -> None:
 
 
 def tiny_data(tmp_path: Path) -> dict[str, Path]:
-    cfg = {"n_train": 6, "n_val": 2, "n_test": 3, "image_size": 48, "max_objects": 2}
-    synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
-    annotations = karpathy.prepare_annotations(karpathy.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
-    paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
-    io.write_json(paths["annotations.json"], annotations)
-    vocab = build_vocab(annotations, 1, 16)
-    write_labels(paths["labels.h5"], encode_labels(annotations, vocab), vocab)
-    io.write_json(paths["vocab.json"], vocab.to_json())
-    extract_features(annotations["images"], tmp_path / "images", PatchesBackbone(grid=4, cell_size=4),
-                     paths["features.h5"], 16)
+    paths = tiny_files(tmp_path, image_size=48)
+    vocab = Vocab.load(paths["vocab.json"])
     options = {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8, "dropout": 0.0}
     for arch in ("stackcap", "fc"):
         torch.manual_seed(0)

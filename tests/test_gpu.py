@@ -104,7 +104,7 @@ def _params(gpu_data: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[s
 
 def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: Any, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import checkpoint
+    from caprl.models import checkpoint
 
     data, params = _params(gpu_data, monkeypatch)
     best: dict[str, Path] = {}
@@ -123,7 +123,7 @@ def test_every_objective_trains_and_resumes_bit_identically_on_cuda(gpu_data: An
 
 def test_bf16_autocast_trains_and_resumes_bit_identically(gpu_data: Any, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import checkpoint
+    from caprl.models import checkpoint
 
     data, params = _params(gpu_data, monkeypatch)
     params["train"]["amp"] = "bf16"

@@ -187,7 +187,7 @@ def test_plain_autograd_inside_the_step() -> None:
 
 
 def test_a_decode_off_cuda_or_with_gradients_runs_as_it_is() -> None:
-    from caprl import captured
+    from caprl.decoding import captured
 
     model = model_of("fc")
     calls = []
@@ -205,7 +205,7 @@ DECODES = {"greedy": lambda m, ctx: decoding.greedy_decoder(m, ctx, 6),
 @pytest.mark.parametrize("arch", ["fc", "topdown", "stackcap"])
 @pytest.mark.parametrize("decode", sorted(DECODES))
 def test_on_cuda_a_replayed_decode_is_the_eager_one(arch: str, decode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import captured
+    from caprl.decoding import captured
 
     monkeypatch.setattr(timeshared, "MIN_TAPED", 0)  # the tapes' cached joined weights are made inside the graph
     model = model_of(arch, dropout=0.5).cuda().eval()
@@ -239,7 +239,7 @@ def test_on_cuda_a_replayed_decode_is_the_eager_one(arch: str, decode: str, monk
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(), reason="needs CUDA (a capture)")
 def test_on_cuda_a_capture_whose_replay_differs_stays_eager(caplog: pytest.LogCaptureFixture) -> None:
-    from caprl import captured
+    from caprl.decoding import captured
 
     model = model_of("fc").cuda()
     img = torch.ones(4, device="cuda")

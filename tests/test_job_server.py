@@ -1,4 +1,4 @@
-"""The job server (caprl.job_server): `caprl` commands run as children of one pre-loaded process.
+"""The job server (caprl.cli.job_server): `caprl` commands run as children of one pre-loaded process.
 
 Real server processes, real `caprl` commands (the console script's `main`, in fresh
 interpreters), a real training job on a tiny generated dataset: the same outputs as a job run
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from caprl import job_server, socket_service
+from caprl.cli import job_server
+from caprl.runtime import socket_service
 from conftest import TINY, default_params, merge
 from pipeline_data import DatasetPaths, build_dataset, caprl_command
 

@@ -77,7 +77,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, probe_registered: None) ->
 
 def test_objective_modules_train_alone_and_select_the_best_epoch(dataset: DatasetPaths, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from caprl import checkpoint, params as params_mod
+    from caprl import params as params_mod
+    from caprl.models import checkpoint
     from caprl.data.loader import CaptionData, DataPaths
     from caprl.training import run as run_mod
 
@@ -103,7 +104,7 @@ def test_objective_modules_train_alone_and_select_the_best_epoch(dataset: Datase
 
 def test_every_method_declares_the_modules_it_builds() -> None:
     """``Objective.holds`` (what the plan and the stages check init roles and decoders against,
-    :mod:`caprl.run_checks`) is exactly what each registered method's objective checkpoints."""
+    :mod:`caprl.objectives.run_checks`) is exactly what each registered method's objective checkpoints."""
     from caprl.models import build_model
     from caprl.objectives import ObjectiveEnv, build_objective
     from caprl.retrieval import ListenerConfig

@@ -132,10 +132,14 @@ def test_run_spec_merges_options_over_the_method_defaults() -> None:
     ],
 )
 def test_bad_references_name_the_key(write_params, edit, expected: str) -> None:
+    """Checked when params.yaml is loaded, or at the latest by the workflow plan (a dataset against its
+    reader: caprl.data.readers.check_datasets), which Snakemake and DVC build before any job runs."""
+    from caprl.workflow.plan import build_plan
+
     params = default_params()
     edit(params)
     with pytest.raises(CaprlError, match=expected):
-        params_mod.load(write_params(params))
+        build_plan(params_mod.load(write_params(params)))
 
 
 def test_an_init_run_must_train_on_the_same_datasets(write_params) -> None:

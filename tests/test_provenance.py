@@ -1,8 +1,8 @@
 """Inputs that belong together and runs that ask only what their method has (issue 23).
 
-Every artefact records the annotations it was made from (caprl.provenance) and every stage
+Every artefact records the annotations it was made from (caprl.io.provenance) and every stage
 checks it before work; what a run's definition may ask of its method is decided in
-caprl.run_checks, which the plan (``snakemake -n``, test_bad_input_research) and the stages
+caprl.objectives.run_checks, which the plan (``snakemake -n``, test_bad_input_research) and the stages
 call alike. Each test runs the real stage as the workflow does and reads its one-line error.
 """
 
@@ -108,7 +108,7 @@ def foreign_copy(dataset: DatasetPaths, which: str, made_from: dict[str, str]) -
 def test_train_refuses_inputs_made_from_other_annotations(dataset: DatasetPaths, which: str, remake: str,
                                                           made_from: dict[str, str], says: str) -> None:
     """Features, labels and document frequencies record the annotations they were made from
-    (dataset, fingerprint of the images' ids and splits: caprl.provenance); training checks them
+    (dataset, fingerprint of the images' ids and splits: caprl.io.provenance); training checks them
     and refuses a file of other images, both files named, with the command that makes the right one."""
     made = {"features": lambda p: dict(h5py_attrs(p)), "labels": lambda p: dict(h5py_attrs(p)),
             "cider_df": lambda p: json.loads(p.read_text())["made_from"]}[which](getattr(dataset, which))
@@ -149,7 +149,7 @@ def test_labels_of_another_vocabulary_are_refused(dataset: DatasetPaths, tmp_pat
 
 def test_a_file_made_before_provenance_is_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """Old files (no record) are not refused: the stage says it cannot check them, and how to fix."""
-    from caprl import provenance
+    from caprl.io import provenance
 
     annotations = {"dataset": "synthetic", "images": [{"id": 2, "split": "val"}, {"id": 1, "split": "train"}]}
     with caplog.at_level("WARNING"):
@@ -169,7 +169,8 @@ def test_a_checkpoint_records_its_data_and_is_refused_with_other_features(datase
     (a shared checkpoint's "gibberish captions"), naming both files."""
     import dataclasses
 
-    from caprl import checkpoint, provenance
+    from caprl.models import checkpoint
+    from caprl.io import provenance
 
     out = dataset.workdir / "out-xe"
     proc = caprl("train", dataset.params, "--dataset", "synthetic", "--run", "fc-xe", *dataset.train_args(),

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from caprl import params as params_mod, workflow_plan as wp
-from caprl.dvc_gen import dvc_stages, layer_stages
+from caprl import params as params_mod
+from caprl.workflow import plan as wp
+from caprl.workflow.dvc import dvc_stages, layer_stages
 from conftest import REPO
 
 RECIPES_DIR = REPO / "configs" / "recipes"

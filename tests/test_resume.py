@@ -256,7 +256,7 @@ def assert_same_as_reference(dirs: RunDirs, reference: RunDirs) -> None:
 
 def assert_all_checkpoints_load(*dirs: Path) -> None:
     """Every .pt file left behind is a complete checkpoint (weights_only, as caprl loads them)."""
-    from caprl import checkpoint
+    from caprl.models import checkpoint
 
     files = [p for d in dirs if d.exists() for p in d.rglob("*.pt")]
     for path in files:
@@ -291,7 +291,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 def test_objective_modules_are_in_the_checkpoint(setup: Setup) -> None:
     """PG-SPIDEr's baseline MLP is saved with its config beside the caption model (best and last),
     trained (it moved away from its initial weights), and its optimiser state is in last.pt."""
-    from caprl import checkpoint
+    from caprl.models import checkpoint
 
     dirs = setup.reference["fc-pg_spider"]
     for path in (dirs.checkpoint, dirs.last):
@@ -434,11 +434,11 @@ def test_signal_saves_the_current_step_and_exits_then_resumes(setup: Setup, tmp_
 
 # A writer of real checkpoints for the test below: a fresh interpreter that forks one child per
 # line read (the parent has no threads, so forking is safe); the child saves n+1, n+2, ... with
-# caprl.checkpoint.save_payload until it is killed; the parent prints its pid, then reaps it.
+# caprl.models.checkpoint.save_payload until it is killed; the parent prints its pid, then reaps it.
 WRITER = """
 import os, sys
 import torch
-from caprl import checkpoint
+from caprl.models import checkpoint
 for line in sys.stdin:
     n = int(line)
     pid = os.fork()
@@ -463,14 +463,14 @@ def _identity(path: Path) -> tuple[int, int]:
 
 @pytest.mark.timeout(120)
 def test_sigkill_during_checkpoint_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
-    """SIGKILL a writer of real checkpoints (``caprl.checkpoint.save_payload``) mid-write, many times.
+    """SIGKILL a writer of real checkpoints (``caprl.models.checkpoint.save_payload``) mid-write, many times.
 
     Each payload (2 MB) has every tensor filled with its save number, so a truncated or mixed
     file is seen. The writer is frozen (SIGSTOP) at a random moment after its first save and
     killed; as it does nothing but save, most kills land during a write (seen by the
     temporary that atomic_path writes beside the target).
     """
-    from caprl import checkpoint
+    from caprl.models import checkpoint
 
     # at least 12 kills, and on until 4 of them landed during a write (at most 60: a loaded machine
     # lets the writer finish its save before the freeze more often)

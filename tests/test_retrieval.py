@@ -15,20 +15,18 @@ import pytest
 import torch
 import yaml
 
-from caprl import checkpoint, cli, io
-from caprl.data import karpathy, synthetic
+from caprl import cli, io
+from caprl.models import checkpoint
 from caprl.data.loader import CaptionData
-from caprl.data.vocab import Vocab, build_vocab, encode_labels, write_labels
+from caprl.data.vocab import Vocab
 from caprl.errors import CaprlError
 from caprl.evaluation import retrieval as stage
-from caprl.features.backbones import PatchesBackbone
-from caprl.features.extract import extract_features
 from caprl.models import build_model
 from caprl.objectives.listener import first_captions, gold_recall
 from caprl.retrieval import Listener, ListenerConfig, ranks_of, recall_report
-from caprl.workflow_plan import CHECKPOINT, HISTORY, RETRIEVAL, STATE_DIR, build_plan
+from caprl.workflow.plan import CHECKPOINT, HISTORY, RETRIEVAL, STATE_DIR, build_plan
 from conftest import TINY, default_params, merge
-from pipeline_data import build_dataset, caprl_command
+from pipeline_data import build_dataset, caprl_command, tiny_files
 
 LISTENER = {"word_size": 8, "hidden_size": 16, "margin": 0.2}
 
@@ -97,16 +95,8 @@ def test_captions_outside_the_vocabulary_are_an_error() -> None:
 def tiny_data(tmp_path: Path, n_test: int = 3) -> dict[str, Path]:
     """A generated dataset (3 test images), an xe checkpoint and one with a listener, and the
     test images' first reference captions as captions.json."""
-    cfg = {"n_train": 6, "n_val": 2, "n_test": n_test, "image_size": 32, "max_objects": 2}
-    synthetic.write_dataset(synthetic.generate(cfg, 0), 11, tmp_path / "d.json", tmp_path / "images")
-    annotations = karpathy.prepare_annotations(karpathy.read_karpathy(tmp_path / "d.json", "synthetic"), "synthetic")
-    paths = {name: tmp_path / name for name in ("annotations.json", "vocab.json", "labels.h5", "features.h5")}
-    io.write_json(paths["annotations.json"], annotations)
-    vocab = build_vocab(annotations, 1, 16)
-    write_labels(paths["labels.h5"], encode_labels(annotations, vocab), vocab)
-    io.write_json(paths["vocab.json"], vocab.to_json())
-    extract_features(annotations["images"], tmp_path / "images", PatchesBackbone(grid=4, cell_size=4),
-                     paths["features.h5"], 16)
+    paths = tiny_files(tmp_path, n_test)
+    vocab = Vocab.load(paths["vocab.json"])
     data = CaptionData.from_args(argparse.Namespace(**{k.split(".")[0]: v for k, v in paths.items()}))
     torch.manual_seed(0)
     model = checkpoint.model_record(build_model("fc", {"embed_size": 8, "hidden_size": 16}, len(vocab),

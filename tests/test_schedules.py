@@ -90,7 +90,7 @@ def test_two_sizes_of_one_architecture_in_one_configuration() -> None:
     """``models:`` names model configurations; two of one ``arch`` at different sizes serve two
     runs of one plan (e.g. a recipe's small and paper-size Show-Tell)."""
     from caprl import params as params_mod
-    from caprl.workflow_plan import build_plan
+    from caprl.workflow.plan import build_plan
 
     params = default_params()
     params["models"]["fc_big"] = {**params["models"]["fc"], "hidden_size": 2 * params["models"]["fc"]["hidden_size"]}

@@ -12,7 +12,7 @@ VARIABLES = ("CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET", "CAPRL_MLFLOW_RELAY")
 
 PROBE = """
 import json, os, sys
-from caprl import socket_service
+from caprl.runtime import socket_service
 found = {}
 for name in %r:
     path = os.environ.get(name)
@@ -43,7 +43,7 @@ def test_the_command_runs_with_the_three_services_and_its_exit_code_is_returned(
     assert found["CAPRL_METEOR_SOCKET"][1] and found["CAPRL_MLFLOW_RELAY"][1], found
     assert not any(os.path.exists(path) for path, _ in found.values())  # stopped, sockets removed
     logs = sorted(p.name for p in (tmp_path / "logs" / "services").iterdir())
-    assert logs == sorted(["caprl.job_server.log", "caprl.metrics.meteor_server.log", "caprl.tracking_store.log"]), logs
+    assert logs == sorted(["caprl.cli.job_server.log", "caprl.metrics.meteor_server.log", "caprl.tracking.store.log"]), logs
 
 
 def test_no_command_is_a_clear_error(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from caprl import decoding, live_rows
+from caprl import decoding
+from caprl.decoding import live_rows
 from caprl.models import base
 from caprl.models import timeshared as ts
 from caprl.models.attention import attend

@@ -32,7 +32,7 @@ import yaml
 import yte
 
 from caprl import params as params_mod
-from caprl.workflow_plan import CPU_BACKBONES, build_plan
+from caprl.workflow.plan import CPU_BACKBONES, build_plan
 from conftest import REPO, TINY, generated_dataset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]

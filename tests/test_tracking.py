@@ -43,7 +43,7 @@ def dead_port() -> int:
 
 def train(data: DatasetPaths, run: str, uri: str) -> str:
     """``caprl train`` as the workflow runs it (the plan's paths); its log."""
-    from caprl.workflow_plan import CHECKPOINT, HISTORY, STATE_DIR
+    from caprl.workflow.plan import CHECKPOINT, HISTORY, STATE_DIR
 
     paths = {p: p.format(dataset="synthetic", run=run) for p in (CHECKPOINT, HISTORY, STATE_DIR)}
     log = f"logs/train-{run}.log"
@@ -79,7 +79,7 @@ def tracked(dataset: DatasetPaths) -> dict[str, Any]:
     dead_log = train(dataset, "fc-xe", f"http://127.0.0.1:{dead_port()}")
     synced = caprl(dataset, uri, "mlflow-sync")
     scst_log = train(dataset, "fc-scst", uri)
-    from caprl.workflow_plan import CAPTIONS, CHECKPOINT, EXAMPLES, SCORES
+    from caprl.workflow.plan import CAPTIONS, CHECKPOINT, EXAMPLES, SCORES
 
     files = {p: p.format(dataset="synthetic", run="fc-scst") for p in (CHECKPOINT, CAPTIONS, SCORES, EXAMPLES)}
     caprl(dataset, uri, "evaluate", "--log", "logs/evaluate.log", "--dataset", "synthetic", "--run", "fc-scst",
@@ -158,10 +158,10 @@ def silent_server() -> Iterator[int]:
 def test_an_unanswering_server_costs_seconds_not_minutes(server: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path) -> None:
     """One bounded wait, then tracking is off: the connect timeout (dead) or one request's timeout
-    (silent) of caprl.tracking_store, never MLflow's defaults (7 retries with back-off, 120 s a
+    (silent) of caprl.tracking.store, never MLflow's defaults (7 retries with back-off, 120 s a
     request: minutes). ~2-4 s alone; the 60 s bound is a hang's, not a speed check (the parallel
     tests' load stretches the lazy imports inside the timed block)."""
-    from caprl.tracking_store import CONNECT_TIMEOUT, HTTP_DEFAULTS
+    from caprl.tracking.store import CONNECT_TIMEOUT, HTTP_DEFAULTS
 
     port = dead_port() if server == "dead" else request.getfixturevalue("silent_server")
     script = ("import time\nimport mlflow.tracking\nfrom caprl.tracking import Tracker\n"
@@ -209,8 +209,8 @@ def test_a_run_retrained_with_other_parameters_gets_a_new_mlflow_run(tracked: di
     assert len(runs) == 2, [r.info.run_id for r in runs]
     old, new = runs
     assert old.data.params["run.options.n_samples"] != "3" and new.data.params["run.options.n_samples"] == "3"
-    from caprl.checkpoint import mlflow_run_id
-    from caprl.workflow_plan import CHECKPOINT
+    from caprl.models.checkpoint import mlflow_run_id
+    from caprl.workflow.plan import CHECKPOINT
 
     assert new.data.metrics["best/epoch"] >= 0
     original = dataset.workdir / CHECKPOINT.format(dataset="synthetic", run="fc-scst")  # the first training's

@@ -1,4 +1,4 @@
-"""The MLflow relay: jobs of one local run log through one MLflow client (caprl.tracking_store).
+"""The MLflow relay: jobs of one local run log through one MLflow client (caprl.tracking.store).
 
 Real relay processes (started as the Snakefile starts them), real `python` jobs using
 caprl.tracking.Tracker, real MLflow on sqlite read back with MLflow's own client."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from caprl import socket_service, tracking_store
+from caprl.runtime import socket_service
+from caprl.tracking import store as tracking_store
 
 JOB = """
 import json, logging, sys

@@ -13,8 +13,8 @@ import yaml
 from conftest import REPO, default_params
 from caprl import params as params_mod
 from caprl.errors import CaprlError
-from caprl.tuning import choose, markdown, point_score
-from caprl.workflow_plan import build_plan
+from caprl.workflow.tuning import choose, markdown, point_score
+from caprl.workflow.plan import build_plan
 
 
 def tuned(grids: dict, budget: int = 3) -> dict:
@@ -81,7 +81,7 @@ def test_tune_report_reads_the_points_histories(tmp_path: Path):
 
 
 def test_a_missing_point_history_names_the_file_and_the_command(tmp_path: Path, monkeypatch):
-    from caprl.tuning import report
+    from caprl.workflow.tuning import report
 
     monkeypatch.chdir(tmp_path)
     params = params_mod.expand_tuning(params_mod.expand_sweeps(tuned({"fc-scst": {"lr": [1e-4, 3e-4, 1e-3]}})))

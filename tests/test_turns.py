@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from caprl import checkpoint
+from caprl.models import checkpoint
 from caprl.models import build_model
 from caprl.objectives import Batch, ObjectiveEnv
 from caprl.objectives.xe import CrossEntropy, XEOptions

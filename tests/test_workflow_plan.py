@@ -1,12 +1,13 @@
-"""caprl.workflow_plan: the jobs both the Snakefile and dvc.yaml are made of (no tool run here)."""
+"""caprl.workflow.plan: the jobs both the Snakefile and dvc.yaml are made of (no tool run here)."""
 
 from __future__ import annotations
 
 import pytest
 
 import caprl.rewards
-from caprl import params as params_mod, workflow_plan as wp
-from caprl.dvc_gen import dvc_stages
+from caprl import params as params_mod
+from caprl.workflow import plan as wp
+from caprl.workflow.dvc import dvc_stages
 from caprl.errors import CaprlError
 from conftest import default_params, generated_dataset, two_dataset_params
 

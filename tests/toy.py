@@ -78,6 +78,22 @@ class NullTracker:
         pass
 
 
+def greedy_reward_gain(objective: Any, model: Any, batch: Any, steps: int, lr: float = 1e-2) -> tuple[float, float]:
+    """``steps`` Adam steps of ``objective`` on one toy batch: the greedy caption's reward at the
+    first step and at the last (the objectives' "it learns the toy reward" checks)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    torch.manual_seed(0)
+    first = last = None
+    for _ in range(steps):
+        loss, metrics = objective.loss(model, batch)
+        first = metrics["reward_greedy"] if first is None else first
+        last = metrics["reward_greedy"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return first, last
+
+
 def toy_trainer(objective: Any, model: Any, state_dir: Path, epochs: int = 2,
                 validate: Callable[[Any], dict[str, float]] | None = None,
                 init: dict[str, str] | None = None, dist: Any = None, cuda_graphs: bool = False,

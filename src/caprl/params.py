@@ -201,7 +201,7 @@ def _axes(lists: dict[str, Any], grid: dict[str, Any], key: str) -> dict[str, li
 def expand_tuning(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` with one extra run per point of ``tuning.runs.<run>`` (the product of its option
     lists on top of the run's options), named ``<run>-tune-<option><value>...``: training jobs
-    whose best validation score chooses the run's values (``snakemake tuning``, caprl.tuning);
+    whose best validation score chooses the run's values (``snakemake tuning``, caprl.workflow.tuning);
     they are never evaluated on test. Every tuned run must have ``tuning.budget`` points, so
     the methods a table compares get the same tuning budget. Idempotent; run after
     :func:`expand_sweeps` (a swept point may be tuned by its point name)."""
@@ -244,17 +244,9 @@ def compared_runs(params: dict[str, Any]) -> list[str]:
 # -- what the schema cannot say: names that refer to other sections -------------------------
 
 def check(params: dict[str, Any]) -> None:
-    """Cross-references between sections (run -> method/model/init/datasets, objective -> reward,
-    dataset -> reader); CaprlError naming the key. Run by :func:`load` and by the workflow plan."""
-    from caprl.data.readers import READERS
-
-    for name, spec in params["datasets"].items():
-        reader = READERS.get(spec["format"], where=f"datasets.{name}.format")
-        if spec["generate"] and not reader.generated:
-            generated = ", ".join(n for n, r in READERS.items() if r.generated)
-            raise CaprlError(f"datasets.{name}.generate: the built-in generator writes the formats {generated}, "
-                             f"not '{spec['format']}'")
-        _check_bottomup(name, spec, reader.media)
+    """Cross-references between sections (run -> method/model/init/datasets, objective -> reward);
+    CaprlError naming the key. Run by :func:`load` and by the workflow plan (which also checks each
+    dataset against its reader: :func:`caprl.data.readers.check_datasets`)."""
     if not enabled_datasets(params):
         raise CaprlError("datasets: no dataset has enabled: true; enable at least one")
     for name in enabled_datasets(params):
@@ -277,22 +269,6 @@ def check(params: dict[str, Any]) -> None:
                 raise CaprlError(f"runs.{run}.init.{role}: run '{source}' does not train on {', '.join(missing)} "
                                  f"(set runs.{source}.datasets or runs.{run}.datasets, or list {source} "
                                  f"under datasets.{missing[0]}.runs)")
-
-
-def _check_bottomup(name: str, spec: dict[str, Any], media: str) -> None:
-    """``backbone: bottomup`` reads its features from the image TSVs of ``bottomup_tsv``, which only it reads."""
-    if spec["backbone"] != BOTTOMUP:
-        if "bottomup_tsv" in spec:
-            raise CaprlError(f"datasets.{name}.bottomup_tsv: only read with backbone: {BOTTOMUP} (this dataset's "
-                             f"backbone is {spec['backbone']}); remove it or set datasets.{name}.backbone: {BOTTOMUP}")
-        return
-    if not spec.get("bottomup_tsv"):
-        raise CaprlError(f"datasets.{name}.bottomup_tsv: backbone {BOTTOMUP} converts bottom-up-attention's feature "
-                         "TSV files; list them here (e.g. [data/raw/coco/trainval_36/"
-                         "trainval_resnet101_faster_rcnn_genome_36.tsv])")
-    if media != "image":
-        raise CaprlError(f"datasets.{name}.backbone: {BOTTOMUP} features are of images, and format "
-                         f"{spec['format']} holds {media}s; choose tinycnn, patches, resnet101 or resnet152")
 
 
 def _unknown_run(params: dict[str, Any], source: str) -> str:

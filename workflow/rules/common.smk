@@ -1,4 +1,4 @@
-# The plan of the workflow (caprl.workflow_plan, shared with `caprl dvc-yaml`): enabled
+# The plan of the workflow (caprl.workflow.plan, shared with `caprl dvc-yaml`): enabled
 # datasets, training jobs (dataset, run), evaluated runs, skipped runs, every path pattern.
 # params.yaml (and a recipe laid over it) is the only source of parameters: every stage reads
 # it (PARAMS) and checks it.
@@ -6,7 +6,8 @@ import os
 import re
 from pathlib import Path
 
-from caprl import params as params_mod, workflow_plan as wp
+from caprl import params as params_mod
+from caprl.workflow import plan as wp
 from caprl.errors import CaprlError
 
 # A recipe (`--configfile configs/recipes/<name>.yaml`) is laid over params.yaml by Snakemake
@@ -129,12 +130,9 @@ def init_args(wildcards):
 
 
 def run_settings(wildcards):
-    """The params a run depends on: a change re-runs it (Snakemake's params trigger)."""
-    spec = train_job(wildcards).spec
-    reward = spec.options.get("reward")
-    return {"spec": vars(spec), "model": config["models"][spec.model], "train": config["train"],
-            "decode": config["decode"], "seed": config["seed"], "dataset": config["datasets"][wildcards.dataset],
-            "reward": config["rewards"][reward] if reward else None}
+    """The params a run depends on (the plan's TrainJob.settings, the keys DVC's stage lists too):
+    a change re-runs it (Snakemake's params trigger)."""
+    return train_job(wildcards).settings(PLAN.params)
 
 
 def tuning_histories(wildcards):

@@ -7,7 +7,7 @@ boxes per COCO image), read as its ``tools/read_tsv.py`` does: tab-separated fie
 in pixels) and (num_boxes, 2048). ``image_id`` is the COCO id, the id of the annotations.
 
 Output (``caprl bottomup --tsv F [F ...] --out features.h5``): the layout of
-:func:`caprl.features.store.open_writer` -- ``regions`` are the boxes' features (the attention
+:func:`caprl.data.feature_store.open_writer` -- ``regions`` are the boxes' features (the attention
 features, R = num_boxes), ``pooled`` their mean (the fc feature), rows sorted by image id,
 attrs ``backbone = "bottomup"`` and ``grid = 0`` (the regions are boxes, not a grid) -- plus::
 
@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from caprl.errors import CaprlError
-from caprl.features.store import FeatureWriter, chunk_rows
+from caprl.data.feature_store import FeatureWriter, chunk_rows
 from caprl.io import atomic_hdf5
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     image_ids, fingerprint = None, None
     if args.annotations:
-        from caprl import provenance
+        from caprl.io import provenance
         from caprl.data.annotations import load_annotations
 
         annotations = load_annotations(args.annotations)

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from caprl import provenance
+from caprl.io import provenance
 from caprl.errors import CaprlError
 from caprl.data.annotations import load_annotations
 from caprl.data.vocab import Labels, Vocab
-from caprl.features.store import Features, open_features_file
+from caprl.data.feature_store import Features, open_features_file
 from caprl.data.batch import Batch
 from caprl.data.annotations import references_from_annotations
 
@@ -78,7 +78,7 @@ class CaptionData:
 
     def check_provenance(self) -> None:
         """The inputs belong together: labels of this vocabulary, features and labels made from
-        these annotations (:mod:`caprl.provenance`)."""
+        these annotations (:mod:`caprl.io.provenance`)."""
         p = self.paths
         if self.labels.vocab_sha256 != self.vocab.sha256:
             raise CaprlError(f"{p.labels} was encoded with another vocabulary (sha256 {self.labels.vocab_sha256[:12]}) "

@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from caprl.data.karpathy import check_images, prepare_annotations, read_karpathy
 from caprl.errors import CaprlError
+from caprl.params import BOTTOMUP
 from caprl.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -102,3 +103,32 @@ class TgifReader(Reader):
         from caprl.data.tgif import read_tgif
 
         return read_tgif(raw, media_root, dataset, settings)
+
+
+def check_datasets(params: dict[str, Any]) -> None:
+    """Every dataset of ``datasets:`` against its reader (its format is registered; ``generate``
+    only for a format the built-in generator writes; ``backbone: bottomup`` only for images, with
+    its TSVs); CaprlError naming the key. Run by the workflow plan, beside :func:`caprl.params.check`."""
+    for name, spec in params["datasets"].items():
+        reader = READERS.get(spec["format"], where=f"datasets.{name}.format")
+        if spec["generate"] and not reader.generated:
+            generated = ", ".join(n for n, r in READERS.items() if r.generated)
+            raise CaprlError(f"datasets.{name}.generate: the built-in generator writes the formats {generated}, "
+                             f"not '{spec['format']}'")
+        _check_bottomup(name, spec, reader.media)
+
+
+def _check_bottomup(name: str, spec: dict[str, Any], media: str) -> None:
+    """``backbone: bottomup`` reads its features from the image TSVs of ``bottomup_tsv``, which only it reads."""
+    if spec["backbone"] != BOTTOMUP:
+        if "bottomup_tsv" in spec:
+            raise CaprlError(f"datasets.{name}.bottomup_tsv: only read with backbone: {BOTTOMUP} (this dataset's "
+                             f"backbone is {spec['backbone']}); remove it or set datasets.{name}.backbone: {BOTTOMUP}")
+        return
+    if not spec.get("bottomup_tsv"):
+        raise CaprlError(f"datasets.{name}.bottomup_tsv: backbone {BOTTOMUP} converts bottom-up-attention's feature "
+                         "TSV files; list them here (e.g. [data/raw/coco/trainval_36/"
+                         "trainval_resnet101_faster_rcnn_genome_36.tsv])")
+    if media != "image":
+        raise CaprlError(f"datasets.{name}.backbone: {BOTTOMUP} features are of images, and format "
+                         f"{spec['format']} holds {media}s; choose tinycnn, patches, resnet101 or resnet152")

@@ -16,7 +16,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from caprl import io, params as params_mod, provenance
+from caprl import io, params as params_mod
+from caprl.io import provenance
 from caprl.data import SPLITS
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError

@@ -25,7 +25,8 @@ from typing import Any, Iterable, Sequence
 import h5py
 import numpy as np
 
-from caprl import io, params as params_mod, provenance
+from caprl import io, params as params_mod
+from caprl.io import provenance
 from caprl.data import SPLITS
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
@@ -165,7 +166,7 @@ def write_labels(path: str | Path, arrays: dict[str, np.ndarray], vocab: Vocab,
         labels        int32 [M, L]  word ids (see vocab.json), clipped to L, 0-padded
         label_length  int32 [M]     tokens before the padding (1..L)
         attrs: vocab_sha256 (str), max_length (int), and what ``made_from`` records of the
-               annotations (dataset, annotations_sha: :func:`caprl.provenance.record`)
+               annotations (dataset, annotations_sha: :func:`caprl.io.provenance.record`)
     """
     with io.atomic_hdf5(path) as f:
         for name in LABEL_DATASETS:

@@ -28,7 +28,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from caprl import checkpoint, io, params as params_mod, provenance
+from caprl import io, params as params_mod
+from caprl.models import checkpoint
+from caprl.io import provenance
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.data.vocab import Vocab
 from caprl.device import default_device

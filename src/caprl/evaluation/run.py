@@ -1,7 +1,7 @@
 """``caprl evaluate``: beam-search captions of a split, scored with the official metrics.
 
 A run whose checkpoint holds a value network (paper 003's ``actor_critic``) may be decoded by
-lookahead inference (``decode.method: lookahead``, :mod:`caprl.lookahead`); with
+lookahead inference (``decode.method: lookahead``, :mod:`caprl.decoding.lookahead`); with
 ``evaluate.lookahead`` set, its lookahead captions are also scored, beside the main decoding's,
 into the score file's ``lookahead`` section (one evaluate job gives both rows of paper 003's
 Table 1).
@@ -24,8 +24,12 @@ from typing import Any
 
 import torch
 
-from caprl import captured, checkpoint, decoding, io, params as params_mod, provenance, run_checks
-from caprl import lookahead  # noqa: F401  (registers the lookahead decoder)
+from caprl import decoding, io, params as params_mod
+from caprl.decoding import captured
+from caprl.models import checkpoint
+from caprl.io import provenance
+from caprl.objectives import run_checks
+from caprl.decoding import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
 from caprl.evaluation import degenerate
@@ -135,7 +139,7 @@ def main(args: argparse.Namespace) -> None:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
     decode = run_decode(params, args.run, ckpt.run)
-    if ckpt.run.get("method"):  # what the plan refuses too (caprl.run_checks)
+    if ckpt.run.get("method"):  # what the plan refuses too (caprl.objectives.run_checks)
         run_checks.refuse(run_checks.decoder_problem(args.run, ckpt.run["method"], decode["method"],
                                                      run_checks.decode_key(params, args.run)))
     value = value_from_checkpoint(ckpt, where=args.checkpoint)
@@ -170,7 +174,7 @@ def main(args: argparse.Namespace) -> None:
     info: dict[str, Any] = {**ckpt.run, "run": args.run, "dataset": args.dataset, "decode": decode["method"],
                             "best_epoch": (ckpt.position or {}).get("best_epoch"),
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version,
-                            "made_from": ckpt.made_from}  # what its model learnt from (caprl.provenance)
+                            "made_from": ckpt.made_from}  # what its model learnt from (caprl.io.provenance)
     extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
     if sets is not None:
         extra["diversity"] = diversity_report(model, data, ids, references, params, sets)

@@ -4,9 +4,9 @@
 * :mod:`caprl.features.tinycnn` -- the synthetic sets' CNN, pre-trained on single shapes (``caprl pretrain-tinycnn``).
 * :mod:`caprl.features.extract` -- ``caprl features``: one shard of a dataset -> one HDF5 file.
 * :mod:`caprl.features.merge` -- ``caprl merge-features``: shard files -> one HDF5 file.
-* :mod:`caprl.features.store` -- the HDF5 layout (writer) and :class:`Features` (reader).
+* :mod:`caprl.data.feature_store` -- the HDF5 layout (writer) and :class:`Features` (reader).
 """
 
-from caprl.features.store import Features
+from caprl.data.feature_store import Features
 
 __all__ = ["Features"]

@@ -22,12 +22,12 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from caprl import provenance
+from caprl.io import provenance
 from caprl.data.annotations import load_annotations
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone, build_backbone
 from caprl.features.media import require_media
-from caprl.features.store import open_writer
+from caprl.data.feature_store import open_writer
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def extract_features(
     """Run ``backbone`` over ``images`` (in the given order) in batches; write ``out`` atomically.
 
     ``images`` are annotation records with ``id`` and ``file`` (relative to ``image_root``).
-    The file layout is documented in :func:`caprl.features.store.open_writer`; ``attrs`` are
+    The file layout is documented in :func:`caprl.data.feature_store.open_writer`; ``attrs`` are
     added to the backbone's own. Returns the number of images written. On any error (e.g. a
     missing or corrupt image) nothing is left at ``out``.
     """

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from caprl.errors import CaprlError
-from caprl.features.store import FeatureWriter, check_file, open_features_file
+from caprl.data.feature_store import FeatureWriter, check_file, open_features_file
 from caprl.io import atomic_hdf5
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def merge_shards(
 
         n, dim, n_regions = len(sorted_ids), int(common["dim"]), int(common["n_regions"])
         with atomic_hdf5(out) as h5:  # a failed write: a WriteError, the old file kept, HDF5 closed safely
-            h5.attrs.update(common)  # the layout of caprl.features.store.open_writer
+            h5.attrs.update(common)  # the layout of caprl.data.feature_store.open_writer
             writer = FeatureWriter(h5, n, dim, n_regions)
             for start in tqdm(range(0, n, BLOCK_ROWS), desc="merge features", unit="block", mininterval=5.0, disable=None):
                 block = order[start:start + BLOCK_ROWS]

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from caprl import checkpoint, io
+from caprl import io
+from caprl.models import checkpoint
 from caprl.errors import CaprlError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ S = 1 is spatio-temporal mean pooling (``pooled`` = the mean over frames; with R
 (the built-in video set) keeps the order of events, which a mean over all frames loses: a
 shape moving left and one moving right have the same mean, and captions name the direction;
 the regions stay summable to the segment sums, and each says when it was seen. The HDF5 layout
-is the image one (:func:`caprl.features.store.open_writer`) with ``n_regions = frames``,
+is the image one (:func:`caprl.data.feature_store.open_writer`) with ``n_regions = frames``,
 ``grid = 0`` (the regions are not a spatial grid), ``dim = S * D`` and the attrs ``media =
 "video"``, ``frames`` and ``segments``; sharding and merging are unchanged.
 
@@ -45,7 +45,7 @@ from caprl.data.gif import GifError, GifLimits, sample_frames
 from caprl.errors import CaprlError
 from caprl.features.backbones import Backbone
 from caprl.features.media import require_media
-from caprl.features.store import open_writer
+from caprl.data.feature_store import open_writer
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,9 @@ from matplotlib.figure import Figure
 from PIL import Image
 from scipy.ndimage import gaussian_filter
 
-from caprl import checkpoint, decoding, params as params_mod, provenance
+from caprl import decoding, params as params_mod
+from caprl.models import checkpoint
+from caprl.io import provenance
 from caprl.errors import CaprlError
 from caprl.features.extract import load_image
 from caprl.io import atomic_path

@@ -1,7 +1,7 @@
 """The client side of the shared METEOR server (:mod:`caprl.metrics.meteor_server`):
 :class:`MeteorClient`, and starting / stopping a server (the Snakefile's hooks use
 :func:`start_shared` and :func:`stop_shared`). The socket, its framing and the server's
-lifetime are :mod:`caprl.socket_service`'s.
+lifetime are :mod:`caprl.runtime.socket_service`'s.
 
 Requests: ``{"gts": {key: [str, ...]}, "res": {key: [str]}}`` (string keys, scored in the order
 of ``gts``) answered with ``{"score": float, "scores": [float, ...]}``; ``ping`` and
@@ -17,8 +17,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from caprl import socket_service as service
-from caprl.socket_service import MAX_SOCKET_PATH, stop_process  # noqa: F401  (part of this module's API)
+from caprl.runtime import socket_service as service
+from caprl.runtime.socket_service import MAX_SOCKET_PATH, stop_process  # noqa: F401  (part of this module's API)
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ process) is gone, on SIGTERM/SIGINT or on a ``shutdown`` request (:func:`stop`).
 
 The client side (``MeteorClient``, ``start``, ``stop``, the Snakefile's ``start_shared`` /
 ``stop_shared``) is :mod:`caprl.metrics.meteor_client`; the socket, the serving loop and the
-lifetime are :mod:`caprl.socket_service`'s, which serves one request at a time (pycocoevalcap's
+lifetime are :mod:`caprl.runtime.socket_service`'s, which serves one request at a time (pycocoevalcap's
 ``Meteor`` drives one stdin/stdout pipe and is not re-entrant).
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from caprl import socket_service as service
+from caprl.runtime import socket_service as service
 from caprl.errors import CaprlError
 from caprl.metrics import meteor_pipe
 from caprl.metrics.meteor_client import (  # noqa: F401  (the client side, re-exported)

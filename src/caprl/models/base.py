@@ -164,7 +164,7 @@ class RowDropout(nn.Dropout):
     """``nn.Dropout`` whose masks do not depend on which rows a decode steps. Inside
     :func:`stepped_rows` it draws the whole batch's mask as torch's dropout draws it for that
     batch (one Bernoulli draw of its shape, divided by 1 - p) and multiplies the stepped rows by
-    their rows of it: a decode that drops its ended rows (:mod:`caprl.live_rows`) then samples
+    their rows of it: a decode that drops its ended rows (:mod:`caprl.decoding.live_rows`) then samples
     and trains on the same numbers as one that steps every row. Elsewhere it is ``nn.Dropout``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from caprl import captured, decoding
+from caprl import decoding
+from caprl.decoding import captured
 from caprl.data.batch import Batch
 from caprl.decoding import Samples
 from caprl.errors import CaprlError
@@ -177,7 +178,7 @@ class Objective(nn.Module):
         samples per image (train mode, differentiable), from one encoding of the images."""
         ctx = model.encode(batch.pooled, batch.regions)
         model.eval()
-        with torch.no_grad():  # replayed from a CUDA graph on a GPU (caprl.captured)
+        with torch.no_grad():  # replayed from a CUDA graph on a GPU (caprl.decoding.captured)
             greedy = captured.run(model, ("greedy", self.env.max_length),
                                   lambda c: decoding.sample(model, c, self.env.max_length, greedy=True), ctx)
         model.train()

@@ -48,7 +48,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from caprl import checkpoint, decoding
+from caprl import decoding
+from caprl.models import checkpoint
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, ObjectiveEnv, Options, register_objective

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from caprl.data.annotations import references_from_annotations
-from caprl import provenance
+from caprl.io import provenance
 from caprl.errors import CaprlError
 from caprl.io import atomic_path, read_json, write_text
 from caprl.rewards.ngrams import MAX_ORDER, encode, sorted_unique
@@ -43,7 +43,7 @@ class DocumentFrequencies:
     ngrams: list[np.ndarray]
     counts: list[np.ndarray]
     num_documents: int
-    made_from: dict[str, str] = field(default_factory=dict)  # caprl.provenance.record of the annotations
+    made_from: dict[str, str] = field(default_factory=dict)  # caprl.io.provenance.record of the annotations
 
     def to_dict(self) -> dict[tuple[str, ...], int]:
         """``{ngram tuple: count}``, the shape pycocoevalcap's ``document_frequency`` has."""

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from caprl.captured import on_side_stream
+from caprl.decoding.captured import on_side_stream
 from caprl.data.batch import Batch
 from caprl.models import timeshared
 

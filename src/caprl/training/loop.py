@@ -28,7 +28,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from caprl import captured, checkpoint, decoding
+from caprl import decoding
+from caprl.decoding import captured
+from caprl.models import checkpoint
 from caprl.errors import CaprlError
 from caprl.models import CaptionModel, timeshared
 from caprl.objectives import Objective
@@ -49,7 +51,7 @@ class RunMeta:
     run: dict[str, Any]  # the run's spec (method, model, options, init, datasets)
     vocab_sha256: str
     config_hash: str
-    made_from: dict[str, Any] = field(default_factory=dict)  # the data it learns from (caprl.provenance)
+    made_from: dict[str, Any] = field(default_factory=dict)  # the data it learns from (caprl.io.provenance)
 
 
 class Preempted(SystemExit):

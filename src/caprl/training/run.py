@@ -20,7 +20,10 @@ from typing import Any
 import torch
 import yaml
 
-from caprl import checkpoint, io, params as params_mod, provenance, run_checks
+from caprl import io, params as params_mod
+from caprl.models import checkpoint
+from caprl.io import provenance
+from caprl.objectives import run_checks
 from caprl.errors import CaprlError
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
@@ -32,7 +35,6 @@ from caprl.tracking import Tracker
 from caprl.training import distributed
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.training.distributed import Dist
-from caprl.workflow_plan import CHECKPOINT
 from caprl.training.loop import LoopConfig, Position, RunMeta, Trainer, caption_words
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def parse_inits(values: list[str]) -> dict[str, str]:
 def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict[str, str]) -> None:
     """Every ``--init`` before any work: a role the run's method has, an existing checkpoint (else
     a CaprlError naming it and the params key ``runs.<run>.init.<role>`` whose run makes it), and
-    for the caption model one from a run that trains it (:mod:`caprl.run_checks`, as the plan)."""
+    for the caption model one from a run that trains it (:mod:`caprl.objectives.run_checks`, as the plan)."""
     spec = params_mod.run_spec(params, run)
     for role, path in inits.items():
         run_checks.refuse(run_checks.init_role_problem(spec.source, spec.method, role))
@@ -76,7 +78,7 @@ def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict
                              f"init.{role} (its init: {spec.init or 'none'}); drop this --init or add the role")
         raise CaprlError(f"--init {role}={path}: checkpoint not found; params runs.{spec.source}.init.{role} starts "
                          f"this run from run {source}: train {source} on dataset {dataset} first "
-                         f"(`snakemake {CHECKPOINT.format(dataset=dataset, run=source)}`), or pass its best checkpoint")
+                         f"(`snakemake runs/{dataset}/{source}/best.pt`), or pass its best checkpoint")
     if checkpoint.MODEL in inits:
         record = checkpoint.load(inits[checkpoint.MODEL]).run
         if record.get("method"):

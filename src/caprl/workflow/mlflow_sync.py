@@ -21,10 +21,11 @@ from typing import Any
 
 import yaml
 
-from caprl import checkpoint, params as params_mod
+from caprl import params as params_mod
+from caprl.models import checkpoint
 from caprl.tracking import Tracker, tracking_uri
 from caprl.training.run import tracked_config, train_tags
-from caprl.workflow_plan import BASELINE_RUN, RETRIEVAL, SCORES, TrainJob, build_plan
+from caprl.workflow.plan import BASELINE_RUN, RETRIEVAL, SCORES, TrainJob, build_plan
 
 log = logging.getLogger(__name__)
 FROM_FILES = {"caprl.logged_from": "files"}

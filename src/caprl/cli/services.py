@@ -1,10 +1,10 @@
 """The three helpers a local run's jobs share, and ``caprl with-services <command>``.
 
-* the job server (``$CAPRL_JOB_SERVER``, :mod:`caprl.job_server`): torch, MLflow and every
+* the job server (``$CAPRL_JOB_SERVER``, :mod:`caprl.cli.job_server`): torch, MLflow and every
   stage imported once; each ``caprl`` job is forked from it (~5-8 s of CPU saved per job);
 * one METEOR JVM (``$CAPRL_METEOR_SOCKET``, :mod:`caprl.metrics.meteor_server`; ~6 s per
   evaluation);
-* one MLflow client (``$CAPRL_MLFLOW_RELAY``, :mod:`caprl.tracking_store`; ~1.5 s per
+* one MLflow client (``$CAPRL_MLFLOW_RELAY``, :mod:`caprl.tracking.store`; ~1.5 s per
   tracked job).
 
 Jobs find them through the environment and do the work themselves without them. The
@@ -31,7 +31,8 @@ LOG_DIR = "logs/services"  # with-services' server logs (a Snakemake run's: .sna
 
 
 def _services() -> list[tuple[str, ModuleType]]:
-    from caprl import job_server, tracking_store
+    from caprl.cli import job_server
+    from caprl.tracking import store as tracking_store
     from caprl.metrics import meteor_client
 
     return [("job server", job_server), ("METEOR server", meteor_client), ("MLflow relay", tracking_store)]

@@ -57,7 +57,7 @@ class Checkpoint:
     optimizer: dict[str, Any] | None = None
     rng: dict[str, list[Any]] | None = None  # {"cpu": [per process], "cuda": [per process]}
     mlflow_run_id: str = ""
-    made_from: dict[str, Any] = field(default_factory=dict)  # its data's record (caprl.provenance); {}: older
+    made_from: dict[str, Any] = field(default_factory=dict)  # its data's record (caprl.io.provenance); {}: older
 
     def to_payload(self) -> dict[str, Any]:
         payload = dataclasses.asdict(self)
@@ -179,7 +179,7 @@ def model_from_checkpoint(ckpt: Checkpoint, role: str = MODEL) -> CaptionModel:
 @lru_cache(maxsize=1)
 def code_version() -> str:
     """``git describe`` of the source tree (commit, ``-dirty`` if modified), or the package version."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=root,
                              capture_output=True, text=True, timeout=10)

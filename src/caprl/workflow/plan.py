@@ -1,7 +1,7 @@
 """What the workflow builds, from params.yaml: one plan for the Snakefile and for dvc.yaml.
 
 ``workflow/rules/common.smk`` builds a :class:`Plan` from Snakemake's ``config``; ``caprl
-dvc-yaml`` (:mod:`caprl.dvc_gen`) builds the same plan and writes one DVC stage per job.
+dvc-yaml`` (:mod:`caprl.workflow.dvc`) builds the same plan and writes one DVC stage per job.
 The plan holds every path pattern of the DAG (all carry the dataset name), the enabled
 datasets, the training jobs ``(dataset, run)`` with their ``--init ROLE=PATH`` checkpoints,
 the runs that are evaluated (their objective yields a caption model), the runs whose listener
@@ -191,6 +191,43 @@ class TrainJob:
         """One of CAPTIONS, SCORES, EXAMPLES for this run."""
         return pattern.format(dataset=self.dataset, run=self.run)
 
+    def settings_keys(self, params: dict[str, Any]) -> list[str]:
+        """The params.yaml keys (dotted paths) whose values the training job reads: a change of any
+        re-runs it, under Snakemake (:meth:`settings`, its params trigger) and DVC (the stage's
+        ``params:``) alike. The dataset's settings reach it only through its input files (features,
+        labels, references), which both engines track; ``loading`` and ``tracking`` change no number."""
+        spec = self.spec
+        keys = ["seed", "train", "decode", f"models.{spec.model}", f"objectives.{spec.method}", f"runs.{spec.source}"]
+        if spec.source != self.run:
+            keys.append("sweeps")  # the run is a point of its source's sweep
+        reward = spec.options.get("reward")
+        if reward:
+            keys += [f"rewards.{name}" for name in dict.fromkeys([reward, *reward_components(params, reward)])]
+        if self.retrieval or self.gold_retrieval:
+            keys.append("listener")
+        return keys
+
+    def settings(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``{key: value}`` of :meth:`settings_keys` (None for a key params does not hold)."""
+        return {key: lookup(params, key) for key in self.settings_keys(params)}
+
+
+def lookup(params: dict[str, Any], key: str) -> Any:
+    """The value at a dotted path of params (None where a part is missing)."""
+    value: Any = params
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def reward_components(params: dict[str, Any], reward: str) -> list[str]:
+    """The rewards a configured mix weighs (``rewards.<reward>.weights``); [] for a plain reward."""
+    entry = params.get("rewards", {}).get(reward)
+    weights = entry.get("weights") if isinstance(entry, dict) else None
+    return [name for name in weights if name in params.get("rewards", {})] if isinstance(weights, dict) else []
+
 
 @dataclass
 class Plan:
@@ -301,10 +338,11 @@ class Plan:
 
 def build_plan(params: dict[str, Any]) -> Plan:
     """The plan of a validated params dict; CaprlError naming the key for a bad reference."""
-    from caprl.data.readers import build_reader
+    from caprl.data.readers import build_reader, check_datasets
 
     params = params_mod.expand_tuning(params_mod.expand_sweeps(params))
     params_mod.check(params)
+    check_datasets(params)
     datasets = {}
     for name in params_mod.enabled_datasets(params):
         spec = params_mod.dataset_spec(params, name)
@@ -329,10 +367,10 @@ def build_plan(params: dict[str, Any]) -> Plan:
 
 
 def _check_runs(plan: Plan) -> None:
-    """What each run asks of its method (:mod:`caprl.run_checks`, the checks the stages make too):
+    """What each run asks of its method (:mod:`caprl.objectives.run_checks`, the checks the stages make too):
     init roles its method has, ``init.model`` from a run that trains a caption model, and an
     evaluation decoder whose module the method trains."""
-    from caprl import run_checks
+    from caprl.objectives import run_checks
 
     for (ds, _), job in plan.jobs.items():
         spec = job.spec

@@ -1,4 +1,4 @@
-"""The command's side of the job server (:mod:`caprl.job_server`): run a ``caprl`` stage there.
+"""The command's side of the job server (:mod:`caprl.cli.job_server`): run a ``caprl`` stage there.
 
 Light on purpose (no torch, no caprl stage imported): it is what every job's ``caprl`` command
 does first under a local Snakemake run.
@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from caprl import socket_service as service
+from caprl.runtime import socket_service as service
 
 SOCKET_ENV = "CAPRL_JOB_SERVER"
 OFF = "off"  # `CAPRL_JOB_SERVER=off snakemake ...`: no job server, every job runs by itself

@@ -1,6 +1,6 @@
 """What a run's definition may ask of its method, decided in one place.
 
-The plan (:func:`caprl.workflow_plan.build_plan`, so ``snakemake -n`` and ``caprl dvc-yaml``)
+The plan (:func:`caprl.workflow.plan.build_plan`, so ``snakemake -n`` and ``caprl dvc-yaml``)
 and the stages (``caprl train``, ``caprl evaluate``) call these, so that a definition the plan
 refuses is refused by the stage in the same words, and the other way round:
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from caprl.errors import CaprlError
 
-MODEL = "model"  # the caption model's role (caprl.checkpoint.MODEL)
+MODEL = "model"  # the caption model's role (caprl.models.checkpoint.MODEL)
 #: decoders that need a module of the run's method beside the caption model: decoder -> (role, what)
 DECODER_NEEDS: dict[str, tuple[str, str]] = {"lookahead": ("value", "a value network")}
 

@@ -52,7 +52,7 @@ def choose(points: list[dict[str, Any]]) -> int:
 def report(params: dict[str, Any], dataset: str, root: Path = Path(".")) -> dict[str, Any]:
     """The tuning report of ``dataset`` from its points' histories (paths of the plan)."""
     from caprl.objectives import OBJECTIVES
-    from caprl.workflow_plan import build_plan
+    from caprl.workflow.plan import build_plan
 
     plan = build_plan(params)
     runs: dict[str, Any] = {}

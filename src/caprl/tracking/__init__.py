@@ -14,7 +14,7 @@ database) the job logs one warning and goes on: a dead server costs a connect ti
 (``tracking_store.CONNECT_TIMEOUT``), a slow one a request timeout, then tracking is off for
 the job. Everything is also in the job's own files, from which ``caprl mlflow-sync`` logs later.
 Under a local Snakemake run the calls go through the run's MLflow relay (one MLflow client for
-every job; :mod:`caprl.tracking_store`), else through MLflow's own client in the job.
+every job; :mod:`caprl.tracking.store`), else through MLflow's own client in the job.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from caprl.tracking_store import Store, open_store, tracking_uri  # noqa: F401  (tracking_uri: part of this API)
+from caprl.tracking.store import Store, open_store, tracking_uri  # noqa: F401  (tracking_uri: part of this API)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def provenance() -> dict[str, str]:
     The source tree of the installed caprl package is asked first (the code that ran), then
     the working directory.
     """
-    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
         commit = _git("rev-parse", "HEAD", cwd=root)
         if commit:
             status = _git("status", "--porcelain", "--untracked-files=no", cwd=root)

@@ -31,20 +31,20 @@ STAGES: dict[str, tuple[str, str]] = {
                   "paper 004: rank every image of the split by a run's captions with its own listener (recall@K)"),
     "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
     "tables": ("caprl.tables.build", "build the result tables (Markdown, CSV, LaTeX)"),
-    "tune-report": ("caprl.tuning", "choose each tuned run's options by its tuning points' validation scores"),
+    "tune-report": ("caprl.workflow.tuning", "choose each tuned run's options by its tuning points' validation scores"),
     "attention-figure": ("caprl.figures.attention", "Stack-Cap Fig. 3: every stage's caption with its attention maps (PNG)"),
     "psst-figures": ("caprl.figures.discriminative",
                      "paper 004 Figs. 3-4: recall@10 against each language metric, and against rho (PNG)"),
     "curves": ("caprl.figures.curves", "learning curves of every run of a dataset: PNG + CSV per run, an overview PNG"),
-    "dvc-yaml": ("caprl.dvc_gen", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
-    "plan": ("caprl.costs", "every job of the plan with its estimated GPU-hours and peak memory, and the total"),
+    "dvc-yaml": ("caprl.workflow.dvc", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
+    "plan": ("caprl.workflow.costs", "every job of the plan with its estimated GPU-hours and peak memory, and the total"),
     "download": ("caprl.data.download", "download a real dataset's files (COCO 2014, Karpathy's splits, TGIF GIFs)"),
     "bottomup": ("caprl.data.bottomup", "bottom-up-attention 36-box feature TSV(s) -> a features HDF5 file"),
     "pretrain-tinycnn": ("caprl.features.tinycnn",
                          "remake the synthetic sets' backbone weights: a tiny CNN trained on single rendered shapes"),
-    "dvc-lock": ("caprl.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
-    "mlflow-sync": ("caprl.tracking_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
-    "with-services": ("caprl.services", "run a command (e.g. dvc repro) with the job server, METEOR server and MLflow "
+    "dvc-lock": ("caprl.workflow.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
+    "mlflow-sync": ("caprl.workflow.mlflow_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
+    "with-services": ("caprl.cli.services", "run a command (e.g. dvc repro) with the job server, METEOR server and MLflow "
                                         "relay that a local Snakemake run starts for its jobs"),
 }
 # Stages that maintain the repository, not steps of the DAG.
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     stage = next((a for a in argv if not a.startswith("-")), None)
     if stage in STAGES and stage not in TOOLS and os.environ.get("CAPRL_JOB_SERVER"):
-        from caprl.job_client import run_in_server  # a local Snakemake run's pre-loaded process
+        from caprl.runtime.job_client import run_in_server  # a local Snakemake run's pre-loaded process
 
         code = run_in_server(argv)
         if code is not None:

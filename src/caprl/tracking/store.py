@@ -3,7 +3,7 @@
 A job that talks to MLflow itself spends ~3.5 s of CPU before its first call (importing
 MLflow, ~2 s; opening the store, ~1.5 s), and a demo run has ~100 such jobs. The relay is one
 process per local Snakemake run (started in the Snakefile's ``onstart``, its socket exported
-in ``$CAPRL_MLFLOW_RELAY``; :mod:`caprl.socket_service` runs it) that holds one
+in ``$CAPRL_MLFLOW_RELAY``; :mod:`caprl.runtime.socket_service` runs it) that holds one
 :class:`DirectStore` and makes the jobs' calls for them, one at a time, in their order. A job
 never imports MLflow then. It uses the relay only if the relay writes to the same store (the
 same tracking URI from the same working directory, where a relative sqlite path and the
@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from caprl import socket_service as service
+from caprl.runtime import socket_service as service
 from caprl.errors import CaprlError
 
 log = logging.getLogger(__name__)
 
 SOCKET_ENV = "CAPRL_MLFLOW_RELAY"
-SERVER_MODULE = "caprl.tracking_store"
+SERVER_MODULE = "caprl.tracking.store"
 WHAT = "MLflow relay"
 IDLE_TIMEOUT_S = 3600.0
 REQUEST_TIMEOUT_S = 180.0  # the relay's queue, its store's sqlite lock (up to 120 s) and a first MLflow import

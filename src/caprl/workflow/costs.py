@@ -3,7 +3,7 @@
     caprl plan --params params.yaml [configs/recipes/<name>.yaml] [--device h100|h200|cpu]
                [--format table|md|json] [--out FILE]
 
-Jobs are :func:`caprl.workflow_plan.build_plan`'s (the Snakefile's), named as Snakemake's rules:
+Jobs are :func:`caprl.workflow.plan.build_plan`'s (the Snakefile's), named as Snakemake's rules:
 ``train coco/topdown-scst``. The estimate is a pure function of the params, ``step_costs.yaml``
 (the measured figures, each with its source) and any ``data/<ds>/annotations.json`` /
 ``vocab.json`` already made; nothing is timed at plan time. The rules:
@@ -59,7 +59,7 @@ import yaml
 from caprl import io, params as params_mod
 from caprl.data import grammar, synthetic_video
 from caprl.errors import CaprlError
-from caprl.workflow_plan import ANNOTATIONS, CPU_BACKBONES, VOCAB, Dataset, Plan, TrainJob, build_plan
+from caprl.workflow.plan import ANNOTATIONS, CPU_BACKBONES, VOCAB, Dataset, Plan, TrainJob, build_plan
 
 log = logging.getLogger(__name__)
 
@@ -377,7 +377,7 @@ def render(result: Estimate, fmt: str, device: str, files: list[str], costs: dic
             for r in rows]
     sums = [[kind, str(v["jobs"]), hours_text(v["hours"])] for kind, v in tot["by_rule"].items()]
     sums.append(["total", str(tot["jobs"]), hours_text(tot["hours"])])
-    notes = [f"Estimated {unit} on {label} for {' + '.join(files)} (rules: caprl.costs; figures and their sources: "
+    notes = [f"Estimated {unit} on {label} for {' + '.join(files)} (rules: caprl.workflow.costs; figures and their sources: "
              f"caprl/{COSTS.name}). Memory: peak, estimated.",
              *(f"{n}: {s.train:,} train / {s.val:,} val / {s.test:,} test images ({s.source})"
                for n, s in result.sizes.items()),

@@ -330,7 +330,7 @@ def start(module: str, socket_path: str | Path, args: Sequence[str] = (), parent
     if log_path is not None:
         command += ["--verbose"]
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
-    src = str(Path(__file__).resolve().parents[1])  # where `caprl` is imported from here
+    src = str(Path(__file__).resolve().parents[2])  # where `caprl` is imported from here
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     out: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:

@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from caprl import captured
+from caprl.decoding import captured
 from caprl.data.prefetch import Prefetcher
 from caprl.errors import CaprlError
-from caprl.live_rows import LiveRows
+from caprl.decoding.live_rows import LiveRows
 from caprl.models.base import Batch, CaptionModel, batch_tensors, map_batch
 from caprl.registry import Registry
-from caprl.relaxation import (ESTIMATORS, FEEDS, Estimator, RelaxedStep, partial_mask, partial_token_mask,  # noqa: F401
+from caprl.decoding.relaxation import (ESTIMATORS, FEEDS, Estimator, RelaxedStep, partial_mask, partial_token_mask,  # noqa: F401
                               relaxed_at)
 
 
@@ -158,7 +158,7 @@ def rollout(
     rows = prev.shape[0]
     relaxed_of = relaxed_at(relaxed, rows, steps) if estimator is not None else (lambda i: None)
     stop_early = prev.device.type == "cpu"  # on CUDA, .all() would wait for the device
-    # on a CPU, ended rows leave the batch (caprl.live_rows: the noise and dropout masks stay the full
+    # on a CPU, ended rows leave the batch (caprl.decoding.live_rows: the noise and dropout masks stay the full
     # batch's); not where every row's state or hidden is kept, nor for an estimator's relaxed rows or
     # the global RNG's samples (drawn per stepped row)
     live_rows = LiveRows(rows, stop_early and estimator is None and not keep_states and not keep_hidden
@@ -270,7 +270,7 @@ DECODERS: Registry[Decoder] = Registry("decoder")
 @DECODERS.register("greedy")
 def greedy_decoder(model: CaptionModel, ctx: Batch, max_length: int, **_: Any) -> torch.Tensor:
     """``[B, 1, T]``: the greedy caption of the last stage (replayed from a CUDA graph under no_grad
-    on a GPU: :mod:`caprl.captured`)."""
+    on a GPU: :mod:`caprl.decoding.captured`)."""
     return captured.run(model, ("greedy", max_length), lambda c: sample(model, c, max_length, greedy=True),
                         ctx).last_stage().unsqueeze(1)
 
@@ -297,7 +297,7 @@ def top_k_beams_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_s
 
 
 def captured_beams(model: CaptionModel, ctx: Batch, beam_size: int, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`beam_search`, replayed from a CUDA graph under no_grad on a GPU (:mod:`caprl.captured`):
+    """:func:`beam_search`, replayed from a CUDA graph under no_grad on a GPU (:mod:`caprl.decoding.captured`):
     its loop reads nothing back there, so a whole search is one launch."""
     return captured.run(model, ("beam", beam_size, max_length), lambda c: beam_search(model, c, beam_size, max_length),
                         ctx)
@@ -318,7 +318,7 @@ def beam_search(
     batch, device = first.shape[0], first.device
     stop_early = device.type == "cpu"
     # built whole, not by item assignment: a Python number written into a CUDA tensor is a host copy,
-    # which a CUDA graph cannot capture (caprl.captured)
+    # which a CUDA graph cannot capture (caprl.decoding.captured)
     unreached = torch.full((batch, k), float("-inf"), device=device)
     scores = torch.cat([torch.zeros_like(unreached[:, :1]), unreached[:, 1:]], dim=1)  # one live beam at the start
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)

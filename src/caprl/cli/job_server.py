@@ -7,7 +7,7 @@ third of a small job's time. The job server imports all of that once; a job's ``
 then sends its arguments, working directory, environment and standard streams (the file
 descriptors themselves) over a Unix socket, and the server forks a child that runs the stage
 exactly as the command would have (:func:`caprl.cli.run`), with the job's streams, directory and
-environment (the command's side: :mod:`caprl.job_client`). The command waits for the child's exit status and exits with it; signals sent to
+environment (the command's side: :mod:`caprl.runtime.job_client`). The command waits for the child's exit status and exits with it; signals sent to
 the command (Snakemake stopping a job, SIGTERM from a scheduler) are passed on to the child, and
 a child whose command has gone is terminated. The server never runs torch code itself, so the
 children start as fresh processes do (no thread pool, no CUDA context, unseeded RNGs that every
@@ -40,15 +40,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from caprl import socket_service as service
+from caprl.runtime import socket_service as service
 from caprl.cli import STAGES, TOOLS
 from caprl.cli import main as run_stage
 from caprl.errors import CaprlError
-from caprl.job_client import FORWARDED, OFF, SOCKET_ENV, pass_on
+from caprl.runtime.job_client import FORWARDED, OFF, SOCKET_ENV, pass_on
 
 log = logging.getLogger(__name__)
 
-SERVER_MODULE = "caprl.job_server"
+SERVER_MODULE = "caprl.cli.job_server"
 WHAT = "job server"
 # What every job would import; a module that fails to import here is imported by its job as usual.
 PRELOAD = ("numpy", "h5py", "torch", "torch._dynamo", "torch.optim", "mlflow.tracking", "mlflow.entities",
