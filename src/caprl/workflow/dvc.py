@@ -24,7 +24,7 @@ from caprl import io, params as params_mod
 from caprl.errors import CaprlError
 from caprl.workflow.plan import (ATTENTION_DIR, BASELINE_RUN, CAPTIONS, CURVES_DIR, CURVES_OVERVIEW, EXAMPLES, FIGURES_DIR,
                                  RESULTS, RETRIEVAL, SCORES, TABLES_DIR, Dataset, Plan, TrainJob, build_plan,
-                                 log_skipped)
+                                 log_skipped, lookup)
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +202,10 @@ def dvc_stages(plan: Plan) -> dict[str, Stage]:
 
 
 def _has_key(tree: Any, dotted: str) -> bool:
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return False
-        tree = tree[part]
-    return True
+    return lookup(tree, dotted, missing=_MISSING) is not _MISSING
+
+
+_MISSING = object()
 
 
 def layer_stages(stages: dict[str, Stage], files: list[str]) -> dict[str, Stage]:

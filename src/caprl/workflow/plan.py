@@ -212,12 +212,12 @@ class TrainJob:
         return {key: lookup(params, key) for key in self.settings_keys(params)}
 
 
-def lookup(params: dict[str, Any], key: str) -> Any:
-    """The value at a dotted path of params (None where a part is missing)."""
+def lookup(params: dict[str, Any], key: str, missing: Any = None) -> Any:
+    """The value at a dotted path of params (``missing`` where a part is missing)."""
     value: Any = params
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            return None
+            return missing
         value = value[part]
     return value
 
