@@ -192,7 +192,7 @@ def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, s
     from caprl.tables.runs import dataset_runs, gold_retrieval_runs
     from caprl.workflow.plan import RESULTS
 
-    expanded = params_mod.expand_tuning(params_mod.expand_sweeps(copy.deepcopy(params)))
+    expanded = params_mod.resolve(copy.deepcopy(params))
     out: dict[str, dict[str, Any]] = {}
     folder = workdir / "claims_tables"
     folder.mkdir(parents=True, exist_ok=True)

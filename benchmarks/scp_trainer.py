@@ -187,7 +187,7 @@ def settings(params_path: Path, model: str) -> dict[str, Any]:
 
     def run(method: str) -> dict[str, Any]:
         spec = p["runs"][f"{name}-{method}"]
-        return {**p["objectives"][spec["method"]], **spec.get("options", {})}
+        return {**p["objective_defaults"], **p["objectives"][spec["method"]], **spec.get("options", {})}
 
     return {"model": p["models"][name], "train": p["train"], "xe": run("xe"), "scst": run("scst"),
             "max_length": int(p["vocab"]["max_length"])}

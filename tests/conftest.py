@@ -64,9 +64,11 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def default_params() -> dict[str, Any]:
-    """params.yaml, without its tuning grids (they name params.yaml's runs; tests replace runs: and
-    name their own tuning)."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    """params.yaml, its objectives over their shared defaults, without its tuning grids (they name
+    params.yaml's runs; tests replace runs: and name their own tuning)."""
+    from caprl.params import with_objective_defaults
+
+    params = with_objective_defaults(yaml.safe_load((REPO / "params.yaml").read_text()))
     params["tuning"]["runs"] = {}
     return params
 

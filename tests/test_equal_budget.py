@@ -31,7 +31,10 @@ GOLD_PER_IMAGE = 5
 
 
 def params() -> dict:
-    return claims.seed_params(claims.load_config(claims.config_path("001")), 1)
+    """Paper 001's seed-1 params as its stages read them (the objectives' shared defaults filled in)."""
+    from caprl.params import with_objective_defaults
+
+    return with_objective_defaults(claims.seed_params(claims.load_config(claims.config_path("001")), 1))
 
 
 def sampled_rows_per_image(method: str, options: dict, monkeypatch: pytest.MonkeyPatch) -> float:

@@ -27,7 +27,8 @@ def test_repository_params_are_valid() -> None:
         (lambda p: p["objectives"]["scst"].__setitem__("lr_decay_every", 1.5), "objectives.scst.lr_decay_every"),
         (lambda p: p["objectives"]["actor_critic"].__setitem__("lr_decay_rate", 0),
          "objectives.actor_critic.lr_decay_rate"),
-        (lambda p: p["objectives"]["xe"].pop("lr_decay_rate"), "objectives.xe"),
+        (lambda p: p["objective_defaults"].pop("lr_decay_rate"), "objective_defaults"),
+        (lambda p: p["objective_defaults"].__setitem__("n_samples", 5), "objective_defaults.n_samples"),
     ],
 )
 def test_bad_params_name_the_key(write_params, edit, expected: str) -> None:
@@ -49,6 +50,21 @@ def test_every_objective_option_has_its_default_in_params() -> None:
         fields = {f.name for f in dataclasses.fields(OBJECTIVES.get(method).Options)}
         assert set(objectives[method]) == fields, method
         assert {"lr_decay_every", "lr_decay_rate"} <= fields
+
+
+def test_a_method_gets_the_shared_defaults_unless_it_sets_its_own(write_params) -> None:
+    """objective_defaults: fills every method's options that it leaves out; the method's own value,
+    then a run's options, win."""
+    params = default_params()
+    params["objectives"]["scst"].pop("lr_decay_every")
+    params["objectives"]["scst"].pop("lr_decay_rate")
+    params["objective_defaults"] = {"lr_decay_every": 4, "lr_decay_rate": 0.5}
+    params["runs"]["fc-scst"]["options"]["lr_decay_rate"] = 0.7
+    loaded = params_mod.load(write_params(params))
+    assert {k: loaded["objectives"]["scst"][k] for k in ("lr_decay_every", "lr_decay_rate")} == \
+        {"lr_decay_every": 4, "lr_decay_rate": 0.5}
+    assert params_mod.run_spec(loaded, "fc-scst").options["lr_decay_rate"] == 0.7
+    assert loaded["objectives"]["actor_critic"]["lr_decay_every"] == 2  # its own (paper 003: every 2 epochs)
 
 
 def test_stage_refuses_bad_params_and_writes_nothing(write_params, tmp_path) -> None:

@@ -141,7 +141,9 @@ def test_a_recipe_sets_every_key_its_runs_read(path: Path) -> None:
     for name, entry in runs.items():
         assert merged["runs"][name] == entry, f"runs.{name}: params.yaml's demo entry leaks into the recipe's"
         method, model = entry["method"], entry["model"]
-        assert set(recipe["objectives"].get(method, {})) == set(demo["objectives"][method]), f"objectives.{method}"
+        resolved = set(demo["objective_defaults"]) | set(demo["objectives"][method])  # what the method reads
+        own = set(recipe["objectives"].get(method, {}))
+        assert own <= resolved and resolved - own <= set(recipe.get("objective_defaults", {})), f"objectives.{method}"
         assert merged["models"][model] == recipe["models"].get(model), f"models.{model}: every size the recipe's"
     if any(entry["method"] == "listener" or "listener" in entry.get("init", {}) for entry in runs.values()):
         assert set(recipe["listener"]) == set(demo["listener"]), "listener: the listener's sizes"

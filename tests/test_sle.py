@@ -209,7 +209,7 @@ def test_the_default_diversity_is_the_papers_and_unknown_ones_are_errors() -> No
     assert default_params()["objectives"]["sll_sle"]["diversity"] == "pairwise"
     assert set(DIVERSITY) == {"pairwise", "leave_one_out"}
     model, _, env = setup()
-    with pytest.raises(CaprlError, match="unknown SLE diversity term 'mean'; registered: leave_one_out, pairwise"):
+    with pytest.raises(CaprlError, match="options.diversity: expected one of leave_one_out, pairwise, got 'mean'"):
         build_objective("sll_sle", {**SLL, "alpha": 0.75, "diversity": "mean"}, env, model)
     with pytest.raises(CaprlError, match="diversity missing"):
         build_objective("sll_sle", {**SLL, "alpha": 0.75}, env, model)

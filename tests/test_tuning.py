@@ -87,3 +87,22 @@ def test_a_missing_point_history_names_the_file_and_the_command(tmp_path: Path, 
     params = params_mod.expand_tuning(params_mod.expand_sweeps(tuned({"fc-scst": {"lr": [1e-4, 3e-4, 1e-3]}})))
     with pytest.raises(CaprlError, match=r"fc-scst-tune-lr0_0001/history.json.*snakemake"):
         report(params, "synthetic", tmp_path)
+
+
+@pytest.mark.parametrize("dataset", ["synthetic", "synthetic_video"])
+def test_params_yaml_holds_every_choice_of_the_committed_tuning_report(dataset: str) -> None:
+    """The tuning step's choices (results/tuning/<dataset>.json, made on the validation split) are
+    the values params.yaml's runs train with: a value changed by hand, or a tuning re-run whose
+    choice was not set, fails here. The grid tried must be params.yaml's too (the same budget)."""
+    report = json.loads((REPO / "results" / "tuning" / f"{dataset}.json").read_text())
+    params = params_mod.load(REPO / "params.yaml")
+    assert report["budget"] == params["tuning"]["budget"]
+    grids = params["tuning"]["runs"]
+    assert set(report["runs"]) <= set(grids), "a tuned run that params.yaml no longer tunes"
+    for run, entry in report["runs"].items():
+        tried = sorted(tuple(sorted(point["options"].items())) for point in entry["points"])
+        lists = {option: params["sweeps"][name] for option, name in grids[run].items()}
+        assert [dict(t) for t in tried] == sorted(({o: v} for o, values in lists.items() for v in values),
+                                                  key=lambda d: tuple(sorted(d.items()))), run
+        trained = {option: params_mod.run_spec(params, run).options[option] for option in entry["chosen"]}
+        assert trained == entry["chosen"], f"runs.{run}: params.yaml trains {trained}, the tuning chose {entry['chosen']}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import caprl.rewards
@@ -157,4 +159,26 @@ def test_bad_plans_name_the_key(edit, expected: str) -> None:
     params = default_params()
     edit(params)
     with pytest.raises(CaprlError, match=expected):
+        wp.build_plan(params)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda p: p["runs"]["fc-sll_sle"]["options"].__setitem__("diversity", "mean"),
+     "runs.fc-sll_sle.options.diversity: expected one of leave_one_out, pairwise, got 'mean'"),
+    (lambda p: p["objectives"]["psst_gumbel"].__setitem__("variant", "soft"),
+     "options.variant: expected one of code, paper, got 'soft'"),
+    (lambda p: p["objectives"]["pg_spider"].__setitem__("rollout_mode", "greedy"),
+     "options.rollout_mode: expected one of policy, eval, got 'greedy'"),
+    (lambda p: p["objectives"]["xe"].__setitem__("n_samples", 5), "runs.fc-xe.options: unknown option(s) n_samples"),
+    (lambda p: p["decode"].__setitem__("method", "nucleus"), "decode.method: unknown decoder 'nucleus'; registered:"),
+    (lambda p: p["datasets"]["synthetic"].__setitem__("backbone", "vit"),
+     "datasets.synthetic.backbone: unknown backbone 'vit'; registered: patches, resnet101, resnet152, tinycnn"),
+])
+def test_the_plan_checks_each_runs_options_and_names_against_their_registries(edit, expected: str) -> None:
+    """Per-method options (the objective's Options: names, types, choices) and the names a registry
+    holds (decoders, backbones) are refused when the DAG is planned, in the words `caprl train` uses;
+    the registries are the one list of what a name may be (the schema only says 'a string')."""
+    params = default_params()
+    edit(params)
+    with pytest.raises(CaprlError, match=re.escape(expected)):
         wp.build_plan(params)

@@ -122,9 +122,23 @@ def load(paths: ParamsFiles = "params.yaml") -> dict[str, Any]:
     params = read(files)
     source = " + ".join(str(p) for p in files)
     validate(params, find_schema(files[0]), source=source)
-    params = expand_tuning(expand_sweeps(params))
+    params = resolve(params)
     check(params)
     return params
+
+
+def resolve(params: dict[str, Any]) -> dict[str, Any]:
+    """A validated params dict as every stage reads it: the objectives' shared defaults filled in,
+    one run per sweep point and per tuning point (idempotent)."""
+    return expand_tuning(expand_sweeps(with_objective_defaults(params)))
+
+
+def with_objective_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """Every ``objectives.<method>`` over ``objective_defaults`` (the options every method shares),
+    so that a method, a run and a recipe see one resolved set of options."""
+    shared = params.get("objective_defaults", {})
+    return {**params, "objectives": {method: {**shared, **options}
+                                     for method, options in params["objectives"].items()}}
 
 
 # -- sweeps: one run per point ------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.registry import Registry
 
-__all__ = ["Batch", "Objective", "ObjectiveEnv", "Options", "OBJECTIVES", "build_objective", "register_objective"]
+__all__ = ["Batch", "Objective", "ObjectiveEnv", "Options", "OBJECTIVES", "build_objective", "one_of", "register_objective"]
 
 
 class RewardFn(Protocol):
@@ -49,6 +49,12 @@ class ObjectiveEnv:
     global_sum: Callable[[torch.Tensor], torch.Tensor] = lambda x: x  # sum over DDP processes
     world_size: int = 1
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+def one_of(choices: Callable[[], Iterable[str]]) -> Any:
+    """An option field whose value must be a name of ``choices()`` (a registry, read when checked:
+    the registry is the one list of its names). Use as ``variant: str = one_of(lambda: VARIANTS)``."""
+    return field(metadata={"choices": choices})
 
 
 @dataclass
@@ -77,6 +83,9 @@ class Options:
         for name, value in values.items():
             if not _fits(value, hints[name]):
                 raise CaprlError(f"{where}.{name}: expected {_type_name(hints[name])}, got {value!r}")
+            choices = fields[name].metadata.get("choices")
+            if choices is not None and value not in list(choices()):
+                raise CaprlError(f"{where}.{name}: expected one of {', '.join(choices())}, got {value!r}")
         options = cls(**{k: (float(v) if hints[k] is float else v) for k, v in values.items()})
         if options.lr_decay_every < 0:
             raise CaprlError(f"{where}.lr_decay_every: expected a number of epochs >= 0 (0: no decay), "

@@ -47,7 +47,7 @@ from torch import nn
 from caprl import decoding
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, Objective, ObjectiveEnv, Options, register_objective
+from caprl.objectives.base import Batch, Objective, ObjectiveEnv, Options, one_of, register_objective
 
 
 ROLLOUT_MODES = ("policy", "eval")
@@ -61,14 +61,12 @@ class PGSpiderOptions(Options):
     baseline_hidden: int  # hidden units of the baseline MLP (0: a linear regressor)
     baseline_warmup_steps: int  # first training steps that fit only the baseline (Algorithm 1; 0: none)
     n_samples: int  # M: captions sampled per image (paper: 1)
-    rollout_mode: str  # policy: roll-outs from the sampling policy (train mode); eval: without dropout
+    #: policy: roll-outs from the sampling policy (train mode); eval: without dropout
+    rollout_mode: str = one_of(lambda: ROLLOUT_MODES)
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
             raise CaprlError(f"pg_spider.n_samples: expected M >= 1 captions per image, got {self.n_samples}")
-        if self.rollout_mode not in ROLLOUT_MODES:
-            raise CaprlError(f"pg_spider.rollout_mode: expected one of {', '.join(ROLLOUT_MODES)}, "
-                             f"got {self.rollout_mode!r}")
 
 
 def baseline_network(hidden_size: int, baseline_hidden: int) -> nn.Module:

@@ -8,7 +8,10 @@ refuses is refused by the stage in the same words, and the other way round:
   one of its objective's ``holds``);
 * :func:`init_model_problem`: ``init.model`` must come from a run that trains a caption model;
 * :func:`decoder_problem`: a decoder that needs a module (lookahead: a value network) only for
-  runs whose method trains one.
+  runs whose method trains one;
+* :func:`options_problem`: a run's resolved options are its method's (names, types, choices:
+  the objective's ``Options`` dataclass, the one declaration of them);
+* :func:`name_problem`: a name looked up in a registry (backbone, decoder) is registered there.
 
 Each returns None where all is well, else the message (naming the params key and the fix).
 """
@@ -67,6 +70,25 @@ def decoder_problem(run: str, method: str, decoder: str, key: str) -> str | None
                      if need[0] in method_roles(name) and _objective(name, "method").captioner)
     return (f"{key}: {decoder} decoding needs {need[1]}, which method {method} of run {run} does not train "
             f"(only {', '.join(holders)} runs have one): decode it with greedy or beam")
+
+
+def options_problem(run: str, method: str, options: dict[str, Any]) -> str | None:
+    """``runs.<run>``'s options (``objectives.<method>`` with the run's on top) are not what
+    ``method``'s Options declares: an unknown or missing option, a wrong type, a name not among
+    its choices. Checked at plan time so that ``snakemake -n`` refuses what ``caprl train`` would."""
+    try:
+        _objective(method, f"runs.{run}.method").Options.from_dict(dict(options), where=f"runs.{run}.options")
+    except CaprlError as exc:
+        return str(exc)
+    return None
+
+
+def name_problem(registry: Any, name: str, key: str) -> str | None:
+    """``key`` names ``name``, which ``registry`` does not hold (the registries, not the schema,
+    list what a name may be: a new backbone or decoder is one registration)."""
+    if name in registry:
+        return None
+    return f"{key}: unknown {registry.kind} '{name}'; registered: {', '.join(registry)}"
 
 
 def decode_key(params: dict[str, Any], run: str) -> str:

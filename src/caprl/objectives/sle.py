@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, Objective, ObjectiveEnv, register_objective
+from caprl.objectives.base import Batch, Objective, ObjectiveEnv, one_of, register_objective
 from caprl.objectives.scst import SamplingOptions
 from caprl.registry import Registry
 from caprl.rewards import leave_one_out_bleu, pairwise_bleu
@@ -62,7 +62,8 @@ LEAVE_ONE_OUT_BASELINE_FLOOR = -0.5
 @dataclass
 class ExplorationOptions(SamplingOptions):
     alpha: float  # weight of the precision term; 1 - alpha on the diversity term
-    diversity: str  # the diversity term, a key of DIVERSITY: pairwise (paper) | leave_one_out (authors' code)
+    #: the diversity term, a key of DIVERSITY: pairwise (paper) | leave_one_out (authors' code)
+    diversity: str = one_of(lambda: DIVERSITY)
 
 
 def pairwise_distances(groups: Groups) -> np.ndarray:

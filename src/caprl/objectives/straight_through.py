@@ -47,7 +47,7 @@ import torch
 from caprl import decoding
 from caprl.decoding import ESTIMATORS, Samples
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, ObjectiveEnv, register_objective
+from caprl.objectives.base import Batch, ObjectiveEnv, one_of, register_objective
 from caprl.objectives.discriminative import Discriminative, TrainedListenerOptions
 from caprl.objectives.listener import disc_losses
 from caprl.registry import Registry
@@ -62,7 +62,8 @@ class StraightThroughOptions(TrainedListenerOptions):
 @dataclass
 class PartialOptions(StraightThroughOptions):
     rho: float  # PSST: fraction of the captions (paper) / tokens (code) relaxed (paper: 0.25)
-    variant: str  # a name in PSST_VARIANTS: paper (the text) or code (the authors' code)
+    #: a name in PSST_VARIANTS: paper (the text) or code (the authors' code)
+    variant: str = one_of(lambda: PSST_VARIANTS)
 
 
 # (rows, steps, rho, generator, device) -> the relaxed mask: [rows] per caption or [rows, steps] per token

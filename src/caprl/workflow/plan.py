@@ -197,7 +197,8 @@ class TrainJob:
         ``params:``) alike. The dataset's settings reach it only through its input files (features,
         labels, references), which both engines track; ``loading`` and ``tracking`` change no number."""
         spec = self.spec
-        keys = ["seed", "train", "decode", f"models.{spec.model}", f"objectives.{spec.method}", f"runs.{spec.source}"]
+        keys = ["seed", "train", "decode", f"models.{spec.model}", "objective_defaults", f"objectives.{spec.method}",
+                f"runs.{spec.source}"]
         if spec.source != self.run:
             keys.append("sweeps")  # the run is a point of its source's sweep
         reward = spec.options.get("reward")
@@ -339,14 +340,18 @@ class Plan:
 def build_plan(params: dict[str, Any]) -> Plan:
     """The plan of a validated params dict; CaprlError naming the key for a bad reference."""
     from caprl.data.readers import build_reader, check_datasets
+    from caprl.features.backbones import BACKBONES
+    from caprl.objectives import run_checks
 
-    params = params_mod.expand_tuning(params_mod.expand_sweeps(params))
+    params = params_mod.resolve(params)
     params_mod.check(params)
     check_datasets(params)
     datasets = {}
     for name in params_mod.enabled_datasets(params):
         spec = params_mod.dataset_spec(params, name)
         build_reader(spec["format"], name)  # a format whose reader has not landed is an error now
+        if spec["backbone"] != BOTTOMUP:  # (bottomup: converted from TSVs, checked with its files)
+            run_checks.refuse(run_checks.name_problem(BACKBONES, spec["backbone"], f"datasets.{name}.backbone"))
         _check_generated(spec)
         datasets[name] = Dataset(name, spec["format"], spec["raw"], spec["media_root"], spec["generate"],
                                  spec["backbone"], tuple(spec.get("bottomup_tsv", ())))
@@ -369,11 +374,13 @@ def build_plan(params: dict[str, Any]) -> Plan:
 def _check_runs(plan: Plan) -> None:
     """What each run asks of its method (:mod:`caprl.objectives.run_checks`, the checks the stages make too):
     init roles its method has, ``init.model`` from a run that trains a caption model, and an
-    evaluation decoder whose module the method trains."""
+    evaluation decoder that is registered and whose module the method trains, options that are the method's."""
+    from caprl.decoding import DECODERS
     from caprl.objectives import run_checks
 
     for (ds, _), job in plan.jobs.items():
         spec = job.spec
+        run_checks.refuse(run_checks.options_problem(job.run, spec.method, spec.options))
         for role in spec.init:
             run_checks.refuse(run_checks.init_role_problem(spec.source, spec.method, role))
         origin = plan.jobs.get((ds, spec.init.get("model", "")))
@@ -382,6 +389,7 @@ def _check_runs(plan: Plan) -> None:
                                                             origin.spec.init))
         if job.captioner:
             key = run_checks.decode_key(plan.params, job.run)
+            run_checks.refuse(run_checks.name_problem(DECODERS, spec.decode["method"], key))
             run_checks.refuse(run_checks.decoder_problem(job.run, spec.method, spec.decode["method"], key))
 
 
