@@ -140,7 +140,7 @@ def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warm
     reward = build_reward("cider_d", data.references("train"), load_document_frequencies(paths["cider_df"]))
     env = ObjectiveEnv(decode_words=data.decode, reward=lambda _name: reward, max_length=MAX_LENGTH)
     objective = build_objective(method, OPTIONS[method], env, model)
-    loop = LoopConfig(epochs=1, lr=OPTIONS[method]["lr"], batch_size=batch, grad_clip=2.0, checkpoint_every=10**9,
+    loop = LoopConfig(epochs=1, batch_size=batch, grad_clip=2.0, checkpoint_every=10**9,
                       log_every=10**9, max_length=MAX_LENGTH, seed=0, amp=amp, cuda_graphs=cuda_graphs)
     with tempfile.TemporaryDirectory() as state_dir:
         trainer = Trainer(model, objective, data, loop, lambda m: {}, Path(state_dir),

@@ -185,11 +185,12 @@ def test_validation_decodes_as_the_run_is_evaluated_unless_told_greedy() -> None
     """``train.validate_with``: ``evaluation`` (params.yaml's) takes the run's own decode (beam 5,
     paper 004's runs beam 2); ``greedy`` is self-critical.pytorch's default; anything else is named."""
     params = params_mod.load(["params.yaml"])
+    scst, luo = (params_mod.run_spec(params, run) for run in ("fc-scst", "fc-luo2018-lam0_5"))
     assert params["train"]["validate_with"] == "evaluation"
-    assert validation_decode(params, "fc-scst") == {"beam_size": params["decode"]["beam_size"], "max_length": 16}
-    assert validation_decode(params, "fc-luo2018-lam0_5")["beam_size"] == 2
+    assert validation_decode(params, scst) == {"beam_size": params["decode"]["beam_size"], "max_length": 16}
+    assert validation_decode(params, luo)["beam_size"] == 2
     params["train"]["validate_with"] = "greedy"
-    assert validation_decode(params, "fc-scst") == {"beam_size": 1, "max_length": 16}
+    assert validation_decode(params, scst) == {"beam_size": 1, "max_length": 16}
     params["train"]["validate_with"] = "beam"
     with pytest.raises(CaprlError, match="train.validate_with"):
-        validation_decode(params, "fc-scst")
+        validation_decode(params, scst)

@@ -238,7 +238,7 @@ def test_every_method_gives_a_finite_loss_that_backpropagates(method: str, step:
     ("frozen_speaker", BASE, "n_samples"),        # missing
     ("listener", {**BASE, "warmup_epochs": 1, "lam": 0.1}, "lam"),    # unknown
     ("psst_gumbel", {**PSST, "rho": "half"}, "rho"),  # mistyped
-    ("psst_multinomial", {**PSST, "variant": "both"}, "variant 'both'"),  # not a PSST variant
+    ("psst_multinomial", {**PSST, "variant": "both"}, "variant: expected one of code, paper, got 'both'"),  # not one
     ("psst_gumbel", {k: v for k, v in PSST.items() if k != "variant"}, "variant"),  # missing
 ])
 def test_a_wrong_or_missing_option_names_the_key(method: str, options: dict[str, Any], key: str) -> None:
@@ -281,7 +281,7 @@ def fit(objective: Objective, model: Any, state_dir: Path) -> list[dict[str, Any
 
     from caprl.training.loop import LoopConfig, RunMeta, Trainer
 
-    loop = LoopConfig(epochs=2, lr=objective.options.lr, batch_size=8, grad_clip=2.0, checkpoint_every=100,
+    loop = LoopConfig(epochs=2, batch_size=8, grad_clip=2.0, checkpoint_every=100,
                       log_every=100, max_length=6, seed=0)
     meta = RunMeta(arch="fc", run={"name": objective.name, "method": objective.name}, vocab_sha256="toy",
                    config_hash=objective.name)

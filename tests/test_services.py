@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 VARIABLES = ("CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET", "CAPRL_MLFLOW_RELAY")
 
 PROBE = """
@@ -49,3 +51,23 @@ def test_the_command_runs_with_the_three_services_and_its_exit_code_is_returned(
 def test_no_command_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run(["caprl", "with-services"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no command given" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("env_var", ["CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET", "CAPRL_MLFLOW_RELAY"])
+def test_a_server_variable_set_to_off_starts_no_server_and_jobs_work_alone(env_var: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CAPRL_<SERVER>=off snakemake ...``: that shared server is not started (how docs/pipeline.md
+    measures what each one saves), and the jobs' clients do the work themselves."""
+    from caprl.runtime import job_client, socket_service
+    from caprl.tracking import store
+
+    launched: list[str] = []
+    monkeypatch.setenv(env_var, socket_service.OFF)
+    assert socket_service.start_shared(env_var, "test server", launched.append, "/tmp/caprl-test-off.sock",
+                                       "caprl.test") is None
+    socket_service.stop_shared(env_var)
+    assert launched == [] and os.environ[env_var] == "off"
+    if env_var == "CAPRL_MLFLOW_RELAY":
+        assert store.relay_for("sqlite:///mlflow.db") is None
+    if env_var == "CAPRL_JOB_SERVER":
+        assert job_client.SOCKET_ENV == env_var and job_client.OFF == socket_service.OFF

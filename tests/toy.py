@@ -103,7 +103,7 @@ def toy_trainer(objective: Any, model: Any, state_dir: Path, epochs: int = 2,
     process group (default: one process)."""
     from caprl.training.loop import LoopConfig, RunMeta, Trainer
 
-    loop = LoopConfig(epochs=epochs, lr=objective.options.lr, batch_size=batch_size, grad_clip=2.0,
+    loop = LoopConfig(epochs=epochs, batch_size=batch_size, grad_clip=2.0,
                       checkpoint_every=100, log_every=100, max_length=6, seed=0, cuda_graphs=cuda_graphs)
     meta = RunMeta(arch="fc", run={"name": objective.name, "method": objective.name, "init": dict(init or {})},
                    vocab_sha256="toy", config_hash=objective.name)

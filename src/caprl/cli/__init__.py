@@ -44,12 +44,13 @@ STAGES: dict[str, tuple[str, str]] = {
                          "remake the synthetic sets' backbone weights: a tiny CNN trained on single rendered shapes"),
     "dvc-lock": ("caprl.workflow.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
     "mlflow-sync": ("caprl.workflow.mlflow_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
+    "setup-spice": ("caprl.metrics.spice_setup", "install SPICE's CoreNLP 3.6.0 jars from Maven Central or a mirror"),
     "with-services": ("caprl.cli.services", "run a command (e.g. dvc repro) with the job server, METEOR server and MLflow "
                                         "relay that a local Snakemake run starts for its jobs"),
 }
 # Stages that maintain the repository, not steps of the DAG.
-TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "bottomup", "pretrain-tinycnn",
-         "with-services"}
+TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "setup-spice", "bottomup",
+         "pretrain-tinycnn", "with-services"}
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:

@@ -44,7 +44,7 @@ from caprl.runtime import socket_service as service
 from caprl.cli import STAGES, TOOLS
 from caprl.cli import main as run_stage
 from caprl.errors import CaprlError
-from caprl.runtime.job_client import FORWARDED, OFF, SOCKET_ENV, pass_on
+from caprl.runtime.job_client import FORWARDED, SOCKET_ENV, pass_on
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +243,6 @@ def start(socket_path: str, parent_pid: int | None = None, log_path: str | Path 
 def start_shared(log_path: str | Path | None = None) -> str | None:
     """For the Snakefile's ``onstart``: a job server for this run's jobs, ``$CAPRL_JOB_SERVER`` set
     (``CAPRL_JOB_SERVER=off`` before ``snakemake``: none, every job runs by itself)."""
-    if os.environ.get(SOCKET_ENV) == OFF:
-        log.info("%s not started: $%s=%s", WHAT, SOCKET_ENV, OFF)
-        return None
     return service.start_shared(SOCKET_ENV, WHAT, lambda path: start(path, log_path=log_path),
                                 service.workflow_socket_path("jobs"), SERVER_MODULE)
 

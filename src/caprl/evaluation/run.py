@@ -123,7 +123,7 @@ def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    captured.set_enabled(params["train"].get("cuda_graphs", False))  # greedy and beam decodes replayed on a GPU
+    captured.set_enabled(params["train"]["cuda_graphs"])  # greedy and beam decodes replayed on a GPU
     data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
     provenance.check_model_inputs(args.checkpoint, ckpt.made_from, args.features, data.features.attrs,

@@ -7,7 +7,7 @@ METEOR's JVM is started at the first METEOR request and reused until :meth:`clos
 called at interpreter exit). SPICE runs in caprl's SPICE server (one JVM, likewise kept),
 only when its Stanford CoreNLP 3.6.0 jars are already installed (``corenlp_dir``,
 ``$CAPRL_CORENLP_DIR`` or pycocoevalcap's ``spice/lib``); otherwise it is reported under
-``"unavailable"`` with the reason, and nothing is downloaded.
+``"unavailable"`` with the reason, and nothing is downloaded (``caprl setup-spice`` installs them).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def spice_classpath(corenlp_dir: str | Path | None = None) -> list[Path]:
             return [jar, *libs, *(folder / name for name in CORENLP_JARS)]
     raise MetricUnavailable(
         f"Stanford CoreNLP 3.6.0 jars not installed ({' and '.join(CORENLP_JARS)} not found in "
-        f"{', '.join(str(f) for f in folders)}); set params spice.corenlp_dir or ${CORENLP_ENV} to the "
-        "folder holding them (pycocoevalcap would download them on first use, which was not attempted)"
+        f"{', '.join(str(f) for f in folders)}): run `caprl setup-spice` to download and install them, or put "
+        f"them in a folder and set params spice.corenlp_dir or ${CORENLP_ENV} to it (nothing was downloaded here)"
     )
 
 
@@ -190,7 +190,7 @@ class OfficialScorer:
         """
         socket_path = os.environ.get("CAPRL_METEOR_SOCKET")
         dead: set[str] = self.__dict__.setdefault("_dead_meteor_sockets", set())  # servers that failed us
-        if socket_path and socket_path not in dead:
+        if socket_path and socket_path != "off" and socket_path not in dead:  # off: no shared server
             from caprl.metrics.meteor_client import MeteorClient
 
             try:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from caprl.runtime import socket_service as service
 
 SOCKET_ENV = "CAPRL_JOB_SERVER"
-OFF = "off"  # `CAPRL_JOB_SERVER=off snakemake ...`: no job server, every job runs by itself
+OFF = service.OFF  # `CAPRL_JOB_SERVER=off snakemake ...`: no job server, every job runs by itself
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # the command passes these on
 
 

@@ -36,6 +36,7 @@ from typing import IO, Any
 from caprl.errors import CaprlError
 
 log = logging.getLogger(__name__)
+OFF = "off"  # a server variable set to this: no shared server, each job works alone
 
 MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes on Linux, NUL included
 HEADER = struct.Struct(">Q")
@@ -441,8 +442,13 @@ class SharedServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> str | None:
-        """The socket; an already exported live server is used as it is (one the user started)."""
+        """The socket; an already exported live server is used as it is (one the user started);
+        ``$env_var=off`` (e.g. ``CAPRL_METEOR_SOCKET=off snakemake ...``): none, every job does its
+        work itself (how docs/pipeline.md measures what each server saves)."""
         existing = os.environ.get(self.env_var)
+        if existing == OFF:
+            log.info("%s not started: $%s=%s", self.what, self.env_var, OFF)
+            return None
         if existing:
             with contextlib.suppress(CaprlError, OSError):
                 ping(existing, self.what)

@@ -171,7 +171,7 @@ def relay_for(uri: str) -> RelayStore | None:
     """The relay named by ``$CAPRL_MLFLOW_RELAY`` if it answers and writes where this job would
     (the same URI from the same working directory); else None (and why, at debug level)."""
     path = os.environ.get(SOCKET_ENV)
-    if not path:
+    if not path or path == service.OFF:
         return None
     try:
         relay = RelayStore(path)

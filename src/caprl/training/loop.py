@@ -61,7 +61,6 @@ class Preempted(SystemExit):
 @dataclass
 class LoopConfig:
     epochs: int
-    lr: float
     batch_size: int
     grad_clip: float
     checkpoint_every: int

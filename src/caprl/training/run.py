@@ -25,6 +25,7 @@ from caprl.models import checkpoint
 from caprl.io import provenance
 from caprl.objectives import run_checks
 from caprl.errors import CaprlError
+from caprl.metrics.embeddings import EmbeddingInputs, EmbeddingSource, Sources, add_embedding_arguments
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
 from caprl.retrieval import ListenerConfig
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="output: best checkpoint")
     parser.add_argument("--history", required=True, help="output: per-epoch metrics (JSON)")
     parser.add_argument("--state-dir", required=True, help="resume state (last.pt); kept across restarts")
+    add_embedding_arguments(parser)  # a clip_s reward's embedding: the workflow passes its input
 
 
 def parse_inits(values: list[str]) -> dict[str, str]:
@@ -63,11 +65,10 @@ def parse_inits(values: list[str]) -> dict[str, str]:
     return out
 
 
-def check_init_files(params: dict[str, Any], dataset: str, run: str, inits: dict[str, str]) -> None:
+def check_init_files(spec: params_mod.RunSpec, dataset: str, inits: dict[str, str]) -> None:
     """Every ``--init`` before any work: a role the run's method has, an existing checkpoint (else
     a CaprlError naming it and the params key ``runs.<run>.init.<role>`` whose run makes it), and
     for the caption model one from a run that trains it (:mod:`caprl.objectives.run_checks`, as the plan)."""
-    spec = params_mod.run_spec(params, run)
     for role, path in inits.items():
         run_checks.refuse(run_checks.init_role_problem(spec.source, spec.method, role))
         if Path(path).is_file():
@@ -99,7 +100,7 @@ def fingerprint(paths: list[str | None]) -> list[tuple[str, int, int]]:
 VALIDATE_WITH = ("evaluation", "greedy")
 
 
-def validation_decode(params: dict[str, Any], run: str) -> dict[str, int]:
+def validation_decode(params: dict[str, Any], spec: params_mod.RunSpec) -> dict[str, int]:
     """How validation decodes the captions it scores: ``beam_size`` (1: greedy) and ``max_length``.
 
     ``train.validate_with: evaluation`` (the default): the run's own evaluation decoding
@@ -108,10 +109,10 @@ def validation_decode(params: dict[str, Any], run: str) -> dict[str, int]:
     that gives the start its beam gain, not greedy against greedy (lookahead, which needs the
     value network, is validated by the beam search of its width). ``greedy``:
     self-critical.pytorch's default (train.py validates with its ``beam_size``, 1 unless set)."""
-    how = params["train"].get("validate_with", "evaluation")
+    how = params["train"]["validate_with"]
     if how not in VALIDATE_WITH:
         raise CaprlError(f"train.validate_with: {how!r} is not one of {', '.join(VALIDATE_WITH)}")
-    decode = params_mod.run_spec(params, run).decode
+    decode = spec.decode
     beam = 1 if how == "greedy" or decode["method"] == "greedy" else int(decode["beam_size"])
     return {"beam_size": beam, "max_length": int(decode["max_length"])}
 
@@ -152,9 +153,8 @@ def run_record(spec: params_mod.RunSpec, dataset: str, run: str) -> dict[str, An
             "options": dict(spec.options), "init": dict(spec.init)}
 
 
-def tracked_config(params: dict[str, Any], dataset: str, run: str) -> dict[str, Any]:
+def tracked_config(params: dict[str, Any], dataset: str, spec: params_mod.RunSpec, run: str) -> dict[str, Any]:
     """The params of a training job's MLflow run (flattened there) and its ``config.yaml``."""
-    spec = params_mod.run_spec(params, run)
     return {"run": run_record(spec, dataset, run), "model": params["models"][spec.model], "train": params["train"],
             "seed": params["seed"], "dataset": params_mod.dataset_spec(params, dataset)}
 
@@ -181,13 +181,16 @@ def history_json(run: str, position: Position) -> dict[str, Any]:
 
 def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cider_df_path: str,
           inits: dict[str, str], state_dir: Path, dist: Dist | None = None,
-          log_file: str | None = None) -> tuple[Path, Position]:
+          log_file: str | None = None, spec: params_mod.RunSpec | None = None,
+          embedding_inputs: EmbeddingInputs | None = None) -> tuple[Path, Position]:
     """Train ``run`` on ``dataset``; returns the path of the best state and the final position
-    (per-epoch ``history``, ``best_epoch``).
+    (per-epoch ``history``, ``best_epoch``). ``spec``: the run as the job resolved it (resolved
+    here when not given).
 
-    ``log_file`` (the job's log) is attached to the MLflow run with the config and history."""
+    ``log_file`` (the job's log) is attached to the MLflow run with the config and history;
+    ``embedding_inputs``: the files a clip_s reward's embedding reads (``--embedding-listener``, ``--media-root``)."""
     dist = dist or Dist()
-    spec = params_mod.run_spec(params, run)
+    spec = spec or params_mod.run_spec(params, run)
     if spec.model not in params["models"]:
         raise CaprlError(f"runs.{run}.model: '{spec.model}' is not defined under models: in params.yaml")
     seed_everything(params["seed"] + 1000 * dist.rank)  # dropout streams differ per process
@@ -198,6 +201,8 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     train_refs = data.references("train")
     rewards: dict[str, Any] = {}
     df = None
+    embedding_inputs = embedding_inputs or EmbeddingInputs()
+    embeddings = EmbeddingSource(Sources(params, data, embedding_inputs, dist.device))  # built when a reward asks
 
     def reward(name: str) -> Any:
         nonlocal df
@@ -206,7 +211,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                 df = load_document_frequencies(cider_df_path)
                 provenance.check(cider_df_path, df.made_from, data.paths.annotations, data.annotations,
                                  "`caprl cider-df`")
-            rewards[name] = build_configured_reward(name, params, train_refs, df)
+            rewards[name] = build_configured_reward(name, params, train_refs, df, embeddings)
         return rewards[name]
 
     # what objectives may read besides the model: the listener's sizes (paper 004's methods build
@@ -224,19 +229,20 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                                       data.paths.annotations, data.annotations)
     load_inits({checkpoint.MODEL: model, **objective.modules_to_save()}, inits, spec.init, run, data.vocab.sha256)
     t = params["train"]
-    loop = LoopConfig(epochs=objective.options.epochs, lr=objective.options.lr, batch_size=t["batch_size"],
+    loop = LoopConfig(epochs=objective.options.epochs, batch_size=t["batch_size"],
                       grad_clip=t["grad_clip"], checkpoint_every=t["checkpoint_every"], log_every=t["log_every"],
                       max_length=params["decode"]["max_length"], seed=params["seed"], amp=t["amp"],
-                      prefetch=params["loading"]["prefetch"], patience=t.get("patience", 0),
-                      cuda_graphs=t.get("cuda_graphs", False))
+                      prefetch=params["loading"]["prefetch"], patience=t["patience"],
+                      cuda_graphs=t["cuda_graphs"])
     record = run_record(spec, dataset, run)
     reward_name = spec.options.get("reward")
-    val_decode = validation_decode(params, run)
+    val_decode = validation_decode(params, spec)
     meta = RunMeta(arch=arch, run=record, vocab_sha256=data.vocab.sha256,
                    config_hash=config_hash(record, arch, model_params, t, params["seed"], params["decode"], val_decode,
                                            params["rewards"].get(reward_name) if reward_name else None,
                                            params.get("listener") if objective.modules_to_save() else None,
-                                           fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values()])),
+                                           fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values(),
+                                                               embedding_inputs.listener])),
                    made_from={**provenance.record(data.annotations),
                               "features": provenance.features_record(data.features.attrs)})
     experiment = params["tracking"]["experiment"]
@@ -248,7 +254,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
                  stage="train") as tracker:
         trainer = Trainer(model, objective, data, loop, make_validator(data, **val_decode), state_dir, meta,
                           tracker, dist)
-        config = tracked_config(params, dataset, run)
+        config = tracked_config(params, dataset, spec, run)
         if not trainer.resume():
             tracker.log_params(config)
             tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
@@ -282,11 +288,12 @@ def run_process(args: argparse.Namespace) -> None:
     dist = distributed.from_environment()
     if dist.world != params["train"]["gpus"]:
         log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
-    check_init_files(params, args.dataset, args.run, parse_inits(args.init))
+    spec = params_mod.run_spec(params, args.run)  # the run as this job trains it, resolved once
+    check_init_files(spec, args.dataset, parse_inits(args.init))
     data = CaptionData.from_args(args, Loading.from_params(params))
     state_dir = Path(args.state_dir)
     best, position = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist,
-                           log_file=args.log)
+                           log_file=args.log, spec=spec, embedding_inputs=EmbeddingInputs.from_args(args))
     if not dist.main:
         return
     with io.atomic_path(args.checkpoint) as tmp:

@@ -68,7 +68,7 @@ def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> 
     init_run_ids = {role: known[f"{job.dataset}/{source}/train"].info.run_id for role, source in job.spec.init.items()
                     if f"{job.dataset}/{source}/train" in known}
     tags = {**train_tags(job.dataset, job.run, job.spec, init_run_ids), **FROM_FILES}
-    config = tracked_config(params, job.dataset, job.run)
+    config = tracked_config(params, job.dataset, job.spec, job.run)
     with Tracker(params["tracking"]["experiment"], name, tags=tags, stage="train") as tracker:
         tracker.log_params(config)
         tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
