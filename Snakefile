@@ -30,6 +30,7 @@ include: "workflow/rules/features.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/caption.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/tuning.smk"
 

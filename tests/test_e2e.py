@@ -139,7 +139,8 @@ def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
     scores = all_scores(snakemake_run)[f"{VIDEO}/fc-sll_sle"]
     diversity = scores["diversity"]
     n = PARAMS["evaluate"]["diversity"]["samples"]
-    assert set(diversity["rs"]) == set(diversity["bs"]) == {"CIDEr-D", "CIDEr-D_mean", "Div-1", "Div-2", "mBLEU-4"}
+    assert set(diversity["rs"]) == set(diversity["bs"]) == {"CIDEr-D", "CIDEr-D_mean", "Div-1", "Div-2", "mBLEU-4",
+                                                          "Self-CIDEr"}
     assert diversity["rs"]["CIDEr-D"] == diversity["rs"]["CIDEr-D_mean"]  # rs: the mean over samples; bs: the top beam
     assert diversity["bs"]["CIDEr-D"] == pytest.approx(scores["metrics"]["CIDEr-D"]) or \
         diversity["settings"]["beams"] != PARAMS["decode"]["beam_size"]

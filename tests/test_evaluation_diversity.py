@@ -75,7 +75,7 @@ def test_set_scores_cider_is_the_official_cider_d_mean_or_top_caption():
     assert top["CIDEr-D"] == pytest.approx(corpus[0], abs=1e-9)  # the first captions' official score
     assert top["CIDEr-D"] != pytest.approx(mean["CIDEr-D"], abs=1e-3)
     assert top["CIDEr-D_mean"] == mean["CIDEr-D_mean"] == pytest.approx(mean["CIDEr-D"], abs=1e-12)
-    assert set(top) == {"CIDEr-D", "CIDEr-D_mean", "Div-1", "Div-2", "mBLEU-4"}
+    assert set(top) == {"CIDEr-D", "CIDEr-D_mean", "Div-1", "Div-2", "mBLEU-4", "Self-CIDEr"}
     assert top["Div-1"] == pytest.approx(diversity(sets)["Div-1"])
     assert TABLE4_PRECISION == {"rs": "mean", "bs": "top"}  # the paper's: rs averaged, bs the top beam
     with pytest.raises(CaprlError, match="unknown precision 'median'"):

@@ -32,8 +32,8 @@ def sle_params() -> dict[str, Any]:
 
 def diversity(run: str, ids: list[int] = IDS, rs: dict[str, float] | None = None) -> dict[str, Any]:
     return {"settings": {"samples": 5, "beams": 5, "seed": 1234, "precision": {"rs": "mean", "bs": "top"}},
-            "rs": rs or {"CIDEr-D": 1.02, "Div-1": 0.31, "Div-2": 0.42, "mBLEU-4": 0.61},
-            "bs": {"CIDEr-D": 1.10, "Div-1": 0.27, "Div-2": 0.36, "mBLEU-4": 0.76},
+            "rs": rs or {"CIDEr-D": 1.02, "Div-1": 0.31, "Div-2": 0.42, "mBLEU-4": 0.61, "Self-CIDEr": 0.71},
+            "bs": {"CIDEr-D": 1.10, "Div-1": 0.27, "Div-2": 0.36, "mBLEU-4": 0.76, "Self-CIDEr": 0.52},
             "examples": [{"image_id": i, "references": [f"reference {j} of image {i}" for j in range(5)],
                           "rs": [f"{run} sample {j} of image {i}" for j in range(5)],
                           "bs": [f"{run} beam {j} of image {i}" for j in range(5)]} for i in ids]}
@@ -136,8 +136,8 @@ def test_missing_run_or_kind_shows_a_dash() -> None:
     assert texts(t2["fc (SLL-SLE) [fc-sll_sle]"]) == ["—", "—", "—"]
     assert texts(t2["topdown (SLL-ME*): no run"]) == ["—", "—", "—"]
     t4 = rows(sle_table4(params, "synthetic", scores))
-    assert texts(t4["fc (SLL-SLE, rs) [fc-sll_sle]"]) == ["—"] * 4
-    assert texts(t4["topdown (SLL-ME*, bs): no run"]) == ["—"] * 4
+    assert texts(t4["fc (SLL-SLE, rs) [fc-sll_sle]"]) == ["—"] * 5
+    assert texts(t4["topdown (SLL-ME*, bs): no run"]) == ["—"] * 5
 
 
 def test_run_that_cannot_train_here_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +150,7 @@ def test_run_that_cannot_train_here_is_unavailable(monkeypatch: pytest.MonkeyPat
     del scores["fc-sll_sle"]
     t2, t4 = sle_table2(params, "synthetic", scores), sle_table4(params, "synthetic", scores)
     assert texts(rows(t2)["fc (SLL-SLE) [fc-sll_sle]"]) == ["unavailable"] * 3
-    assert texts(rows(t4)["fc (SLL-SLE, bs) [fc-sll_sle]"]) == ["unavailable"] * 4
+    assert texts(rows(t4)["fc (SLL-SLE, bs) [fc-sll_sle]"]) == ["unavailable"] * 5
     assert "fc-sll_sle: unavailable, not trained here: no SPICE." in t2.notes
     assert t4.notes.count("fc-sll_sle: unavailable, not trained here: no SPICE.") == 1
 
@@ -216,24 +216,26 @@ def test_table3_carries_the_paper_numbers_on_tgif_only() -> None:
 def test_table4_rows_cells_and_paper_numbers_on_coco() -> None:
     params = sle_params()
     scores = all_scores(params, "coco")
-    scores["fc-sll_sle"]["diversity"]["rs"] = {"CIDEr-D": 1.16, "Div-1": 0.304, "Div-2": 0.4, "mBLEU-4": 0.655}
+    scores["fc-sll_sle"]["diversity"]["rs"] = {"CIDEr-D": 1.16, "Div-1": 0.304, "Div-2": 0.4, "mBLEU-4": 0.655,
+                                               "Self-CIDEr": 0.704}
     table = sle_table4(params, "coco", scores)
-    assert table.columns == ["CIDEr-D", "Div-1", "Div-2", "mBLEU-4"]
+    assert table.columns == ["CIDEr-D", "Div-1", "Div-2", "mBLEU-4", "Self-CIDEr"]
     fc = [f"fc ({kind}, {d}) [fc-{run}]" for d in ("rs", "bs")
           for kind, run in [("XE", "xe"), ("SLL", "scst"), ("SLL-ME", "sll_me"), ("SLL-SLE", "sll_sle")]]
     assert labels(table)[:8] == fc
     assert labels(table)[8] == "topdown (XE*, rs) [topdown-xe]" and len(labels(table)) == 16 + 3
     cells = rows(table)
     assert texts(cells["fc (SLL-SLE, rs) [fc-sll_sle]"]) == ["116.0 (paper 115.9, +0.1)", "0.30 (paper 0.29, +0.01)",
-                                                            "0.40 (paper 0.40, +0.00)", "0.66 (paper 0.68, -0.03)"]
+                                                            "0.40 (paper 0.40, +0.00)", "0.66 (paper 0.68, -0.03)",
+                                                            "0.70"]  # Self-CIDEr: no paper number
     assert texts(cells["fc (XE, bs) [fc-xe]"]) == ["110.0 (paper 102.5, +7.5)", "0.27 (paper 0.27, +0.00)",
-                                                  "0.36 (paper 0.35, +0.01)", "0.76 (paper 0.80, -0.04)"]
-    assert [c.paper for c in cells["fc (SLL-ME, bs) [fc-sll_me]"]] == [115.6, 0.26, 0.34, 0.79]
+                                                  "0.36 (paper 0.35, +0.01)", "0.76 (paper 0.80, -0.04)", "0.52"]
+    assert [c.paper for c in cells["fc (SLL-ME, bs) [fc-sll_me]"]] == [115.6, 0.26, 0.34, 0.79, None]
     assert all(c.paper is None for c in cells["topdown (SLL-SLE*, rs) [topdown-sll_sle]"])  # paper: no attention
-    assert texts(cells["topdown (SLL-SLE*, rs) [topdown-sll_sle]"]) == ["102.0", "0.31", "0.42", "0.61"]
-    assert texts(cells["VAE [33] (bs) [paper]"]) == ["— (paper 100.0)", "—", "—", "—"]
-    assert texts(cells["GAN [26] (rs) [paper]"]) == ["—", "— (paper 0.41)", "— (paper 0.55)", "— (paper 0.51)"]
-    assert texts(cells["GAN [26] (bs) [paper]"])[1:] == ["— (paper 0.34)", "— (paper 0.44)", "— (paper 0.70)"]
+    assert texts(cells["topdown (SLL-SLE*, rs) [topdown-sll_sle]"]) == ["102.0", "0.31", "0.42", "0.61", "0.71"]
+    assert texts(cells["VAE [33] (bs) [paper]"]) == ["— (paper 100.0)", "—", "—", "—", "—"]
+    assert texts(cells["GAN [26] (rs) [paper]"]) == ["—", "— (paper 0.41)", "— (paper 0.55)", "— (paper 0.51)", "—"]
+    assert texts(cells["GAN [26] (bs) [paper]"])[1:] == ["— (paper 0.34)", "— (paper 0.44)", "— (paper 0.70)", "—"]
     assert "rs: 5 random samples, bs: top 5 beams" in table.title
 
 
@@ -255,7 +257,7 @@ def test_table4_without_diversity_says_not_evaluated() -> None:
     for d in ("rs", "bs"):
         row = cells[f"fc (SLL, {d}) [fc-scst]"]
         assert all(c.ours is None for c in row)
-        assert [t.split(" (paper")[0] for t in texts(row)] == ["not evaluated"] * 4
+        assert [t.split(" (paper")[0] for t in texts(row)] == ["not evaluated"] * 5
     assert texts(cells["fc (XE, bs) [fc-xe]"])[0] == "not evaluated (paper 102.5)"
     assert cells["fc (XE, rs) [fc-xe]"][0].ours == pytest.approx(102.0)
     assert rows(sle_table2(params, "coco", scores))["fc (SLL) [fc-scst]"][1].ours == pytest.approx(115.0)
@@ -278,7 +280,7 @@ def test_table4_bs_cider_is_the_top_beams() -> None:
     assert cells["fc (SLL, rs) [fc-scst]"][0].ours == pytest.approx(102.0)  # rs: the mean, as written
     assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[0] == "not evaluated (paper 115.6)"
     assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[1:] == ["0.27 (paper 0.26, +0.01)", "0.36 (paper 0.34, +0.02)",
-                                                              "0.76 (paper 0.79, -0.03)"]
+                                                              "0.76 (paper 0.79, -0.03)", "0.52"]
     assert ("fc-scst: its bs CIDEr-D is its beam-5 test CIDEr-D, the top beam's (its older diversity section "
             "holds the mean over the captions).") in table.notes
     assert ("fc-sll_me: bs CIDEr-D not evaluated: its diversity section holds the mean over the captions, not "

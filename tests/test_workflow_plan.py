@@ -171,8 +171,11 @@ def test_bad_plans_name_the_key(edit, expected: str) -> None:
      "options.rollout_mode: expected one of policy, eval, got 'greedy'"),
     (lambda p: p["objectives"]["xe"].__setitem__("n_samples", 5), "runs.fc-xe.options: unknown option(s) n_samples"),
     (lambda p: p["decode"].__setitem__("method", "nucleus"), "decode.method: unknown decoder 'nucleus'; registered:"),
+    (lambda p: p["runs"]["fc-scst"].__setitem__("decode", {"groups": 2, "diversity_lambda": 0.5, "beam_size": 3}),
+     "runs.fc-scst.decode.groups"),
+    (lambda p: p["decode"].__setitem__("top_p", 0.9), "decode.top_p: 0.9, but the beam decoder"),
     (lambda p: p["datasets"]["synthetic"].__setitem__("backbone", "vit"),
-     "datasets.synthetic.backbone: unknown backbone 'vit'; registered: patches, resnet101, resnet152, tinycnn"),
+     "datasets.synthetic.backbone: unknown backbone 'vit'; registered: clip, patches, resnet101, resnet152, tinycnn"),
 ])
 def test_the_plan_checks_each_runs_options_and_names_against_their_registries(edit, expected: str) -> None:
     """Per-method options (the objective's Options: names, types, choices) and the names a registry

@@ -162,8 +162,27 @@ def table_settings(wildcards):
 
 
 def evaluate_settings(wildcards):
-    """What an evaluation depends on: evaluate:, and the run's decoding (decode: + its own)."""
-    return {"evaluate": config["evaluate"], "decode": train_job(wildcards).spec.decode}
+    """What an evaluation depends on: evaluate:, the run's decoding (decode: + its own), the dataset's clip_score."""
+    return {"evaluate": config["evaluate"], "decode": train_job(wildcards).spec.decode,
+            "clip_score": config["datasets"][wildcards.dataset].get("clip_score")}
+
+
+def evaluate_embedding_files(wildcards):
+    """What CLIP-S's embedding reads (a listener run's best.pt, or the raw images): the plan's, as dvc.yaml's."""
+    return list(PLAN.evaluate_embedding(wildcards.dataset).values())
+
+
+def evaluate_embedding_args(wildcards):
+    return wp.embedding_args(PLAN.evaluate_embedding(wildcards.dataset))
+
+
+def train_embedding_files(wildcards):
+    """What the embedding of the run's clip_s reward reads (none for other rewards)."""
+    return list(PLAN.train_embedding(train_job(wildcards)).values())
+
+
+def train_embedding_args(wildcards):
+    return wp.embedding_args(PLAN.train_embedding(train_job(wildcards)))
 
 
 def attention_checkpoint(wildcards):

@@ -7,12 +7,14 @@ rule evaluate:
         vocab=wp.VOCAB,
         labels=wp.LABELS,
         features=features_file,
+        embedding=evaluate_embedding_files,
     output:
         captions=wp.CAPTIONS,
         scores=wp.SCORES,
         examples=wp.EXAMPLES,
     params:
         settings=evaluate_settings,
+        embedding=evaluate_embedding_args,
     log:
         "logs/{dataset}/evaluate/{run}.log",
     resources:
@@ -21,7 +23,7 @@ rule evaluate:
         "caprl evaluate --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --checkpoint {input.checkpoint} --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels}"
         " --features {input.features} --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores}"
-        " --out-examples {output.examples}"
+        " --out-examples {output.examples} {params.embedding}"
 
 
 rule baseline:

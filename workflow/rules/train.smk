@@ -7,6 +7,7 @@ rule train:
         features=features_file,
         cider_df=wp.CIDER_DF,
         init=init_checkpoints,
+        embedding=train_embedding_files,
     output:
         checkpoint=wp.CHECKPOINT,
         history=wp.HISTORY,
@@ -14,6 +15,7 @@ rule train:
         settings=run_settings,
         init=init_args,
         state=wp.STATE_DIR,
+        embedding=train_embedding_args,
     log:
         "logs/{dataset}/train/{run}.log",
     resources:
@@ -22,4 +24,4 @@ rule train:
         "caprl train --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels} --features {input.features}"
         " --cider-df {input.cider_df} {params.init} --checkpoint {output.checkpoint} --history {output.history}"
-        " --state-dir {params.state}"
+        " --state-dir {params.state} {params.embedding}"

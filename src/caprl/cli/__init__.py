@@ -27,6 +27,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("caprl.training.run", "train one run (model + objective) from params.yaml"),
     "baseline": ("caprl.evaluation.baseline", "trivial baseline: the most frequent training caption for every image"),
     "evaluate": ("caprl.evaluation.run", "beam-search captions on a split and score them with the official metrics"),
+    "caption": ("caprl.evaluation.caption", "a trained run's captions of any images (a folder or files): JSON + HTML page"),
+    "caption-page": ("caprl.evaluation.caption_page", "several runs' captions of the same images side by side (HTML)"),
     "retrieval": ("caprl.evaluation.retrieval",
                   "paper 004: rank every image of the split by a run's captions with its own listener (recall@K)"),
     "score": ("caprl.metrics.score_cli", "score a COCO results file against COCO references"),
@@ -39,18 +41,19 @@ STAGES: dict[str, tuple[str, str]] = {
     "dvc-yaml": ("caprl.workflow.dvc", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
     "plan": ("caprl.workflow.costs", "every job of the plan with its estimated GPU-hours and peak memory, and the total"),
     "download": ("caprl.data.download", "download a real dataset's files (COCO 2014, Karpathy's splits, TGIF GIFs)"),
+    "setup-spice": ("caprl.metrics.spice_setup", "install SPICE's CoreNLP 3.6.0 jars from Maven Central or a mirror"),
     "bottomup": ("caprl.data.bottomup", "bottom-up-attention 36-box feature TSV(s) -> a features HDF5 file"),
     "pretrain-tinycnn": ("caprl.features.tinycnn",
                          "remake the synthetic sets' backbone weights: a tiny CNN trained on single rendered shapes"),
     "dvc-lock": ("caprl.workflow.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
     "mlflow-sync": ("caprl.workflow.mlflow_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
-    "setup-spice": ("caprl.metrics.spice_setup", "install SPICE's CoreNLP 3.6.0 jars from Maven Central or a mirror"),
     "with-services": ("caprl.cli.services", "run a command (e.g. dvc repro) with the job server, METEOR server and MLflow "
                                         "relay that a local Snakemake run starts for its jobs"),
 }
 # Stages that maintain the repository, not steps of the DAG.
 TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "setup-spice", "bottomup",
          "pretrain-tinycnn", "with-services"}
+TOOLS |= {"caption", "caption-page"}  # on demand (`snakemake caption_folder`), not steps of all_tables' DAG
 
 
 def setup_logging(log_file: str | None, verbose: bool = False) -> None:

@@ -81,7 +81,7 @@ def open_writer(
         pooled     float32 [N, D]      one vector per image
         regions    float32 [N, R, D]   R = grid*grid region vectors, row-major over the grid
         attrs:
-          backbone         str   registry name (patches, resnet101, resnet152)
+          backbone         str   registry name (caprl.features.backbones.BACKBONES, or bottomup)
           grid             int   regions form a grid x grid map
           dim              int   D
           n_regions        int   R

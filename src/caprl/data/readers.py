@@ -131,4 +131,4 @@ def _check_bottomup(name: str, spec: dict[str, Any], media: str) -> None:
                          "trainval_resnet101_faster_rcnn_genome_36.tsv])")
     if media != "image":
         raise CaprlError(f"datasets.{name}.backbone: {BOTTOMUP} features are of images, and format "
-                         f"{spec['format']} holds {media}s; choose tinycnn, patches, resnet101 or resnet152")
+                         f"{spec['format']} holds {media}s; choose a backbone caprl extracts from {media}s (caprl.features.backbones)")

@@ -11,8 +11,11 @@
 * With an estimator, what each row reads at the next step is a feed mode (:data:`FEEDS`):
   its sampled word, its relaxed distribution (PSST as the paper writes it) or the row it
   passes on (PSST as the authors' code runs it).
-* Decoders used for evaluation are chosen by name (:data:`DECODERS`); :func:`decode_split`
-  is the one "decode a split in batches" loop (validation, evaluation, figures).
+* Decoders used for evaluation are chosen by name (:data:`DECODERS`), each with the ``decode:``
+  options it reads (:mod:`caprl.decoding.options`: constraints, length penalty, diverse groups,
+  top-k / top-p sampling; all off by default); :func:`decode_split`
+  (:mod:`caprl.decoding.split`) is the one "decode a split in batches" loop (validation,
+  evaluation, figures).
 
 Every tensor made here takes the device of the context; on CUDA the loop never waits for
 the device (no early exit test, which would synchronise), on CPU it stops when every row
@@ -22,16 +25,18 @@ has ended.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from caprl.decoding import captured
-from caprl.data.prefetch import Prefetcher
+from caprl.decoding import captured, selection
 from caprl.errors import CaprlError
+from caprl.decoding.constraints import Rule
 from caprl.decoding.live_rows import LiveRows
+from caprl.decoding.options import DecodeOptions, read_options
+from caprl.decoding.sampling import GeneratorNoise, GumbelNoise, Noise, sampling_rule  # noqa: F401  (decoding.Noise)
+from caprl.decoding.split import decode_split  # noqa: F401  (caprl.decoding.decode_split)
 from caprl.models.base import Batch, CaptionModel, batch_tensors, map_batch
 from caprl.registry import Registry
 from caprl.decoding.relaxation import (ESTIMATORS, FEEDS, Estimator, RelaxedStep, partial_mask, partial_token_mask,  # noqa: F401
@@ -75,29 +80,6 @@ class DecodeState:
     t: int = 0
 
 
-@dataclass
-class Noise:
-    """Sampling noise that depends only on (seed, step, call, position, global row).
-
-    A batch split over several processes (DDP) draws, for its rows, exactly the noise one
-    process would draw for the whole batch, so both sample the same captions. The image
-    block this process holds is ``[offset, offset + its images)`` of ``total`` images. The
-    noise is drawn on the device of the model.
-    """
-
-    seed: int
-    step: int
-    total: int
-    offset: int = 0
-    calls: int = 0
-
-    def gumbel(self, t: int, rows: int, per_image: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        gen = torch.Generator(device=device).manual_seed(hash((self.seed, self.step, self.calls, t)) % (2**63))
-        start = self.offset * per_image
-        u = torch.rand(self.total * per_image, *shape, generator=gen, device=device)[start : start + rows]
-        return -torch.log((-torch.log(u.clamp(min=1e-20))).clamp(min=1e-20))
-
-
 def expand(ctx: Batch, n: int) -> Batch:
     """Repeat every image's context ``n`` times (image-major: rows i*n .. i*n+n-1); a per-image
     :class:`~caprl.models.base.Shared` entry repeats its row map, not its data."""
@@ -128,7 +110,7 @@ def rollout(
     *,
     greedy: bool = False,
     temperature: float = 1.0,
-    noise: Noise | None = None,
+    noise: GumbelNoise | None = None,
     per_image: int = 1,
     estimator: Estimator | None = None,
     relaxed: torch.Tensor | None = None,
@@ -136,6 +118,7 @@ def rollout(
     keep_entropy: bool = False,
     keep_hidden: bool = False,
     keep_states: bool = False,
+    rule: Rule | None = None,
 ) -> Samples:
     """Continue the decodes of ``at`` for up to ``steps`` words (``at`` is not modified).
 
@@ -150,6 +133,12 @@ def rollout(
     reads at the next step: ``word`` (its sampled word), ``relaxed`` (relaxed rows their
     relaxed distribution, the others their word) or ``straight_through`` (every row the row
     it passes on). Nothing in the loop reads the device back (on CUDA).
+
+    ``rule`` (evaluation's constraints and truncation: :mod:`caprl.decoding.constraints`,
+    :func:`caprl.decoding.sampling.sampling_rule`) edits each step's log-probabilities of the rows
+    that have not ended, given the words this rollout emitted (a decoder's rollout starts at the
+    start token); what is left is renormalised and chosen from. A row whose every word it bans
+    takes that step unconstrained.
     """
     if feed != "word" and estimator is None:
         raise CaprlError(f"rollout: feed {feed!r} needs an estimator")
@@ -170,6 +159,9 @@ def rollout(
             out = model.step(prev, ctx, state)
         state = out.state
         scaled = out.logprobs if temperature == 1.0 else torch.log_softmax(out.logprobs / temperature, dim=-1)
+        if rule is not None:
+            history = live_rows.of(torch.stack(tokens, dim=2)) if tokens else prev.new_zeros(*scaled.shape[:2], 0)
+            scaled = _ruled(scaled, rule, history, finished, i == steps - 1)
         fed: torch.Tensor | None = None
         if greedy:
             word = scaled.argmax(dim=-1)
@@ -218,8 +210,17 @@ def rollout(
     )
 
 
+def _ruled(scaled: torch.Tensor, rule: Rule, history: torch.Tensor, finished: torch.Tensor, last: bool) -> torch.Tensor:
+    """``scaled [R, S, V]`` edited by ``rule`` (``history [R, S, t]``) and renormalised; ended rows,
+    and rows whose every word it bans, as they were."""
+    rows, stages, vocab = scaled.shape
+    ruled = rule(scaled.reshape(-1, vocab), history.reshape(rows * stages, history.shape[2]), last).view_as(scaled)
+    keep = finished.unsqueeze(-1) | ~torch.isfinite(ruled).any(dim=-1, keepdim=True)
+    return torch.log_softmax(torch.where(keep, scaled, ruled), dim=-1)
+
+
 def sample(model: CaptionModel, ctx: Batch, max_length: int, n: int = 1, greedy: bool = False,
-           temperature: float = 1.0, noise: Noise | None = None, **options: Any) -> Samples:
+           temperature: float = 1.0, noise: GumbelNoise | None = None, **options: Any) -> Samples:
     """``n`` captions per image from every stage; each stage reads its own previous word."""
     return rollout(model, start(model, ctx, n), max_length, greedy=greedy, temperature=temperature, noise=noise,
                    per_image=n, **options)
@@ -268,50 +269,71 @@ DECODERS: Registry[Decoder] = Registry("decoder")
 
 
 @DECODERS.register("greedy")
-def greedy_decoder(model: CaptionModel, ctx: Batch, max_length: int, **_: Any) -> torch.Tensor:
-    """``[B, 1, T]``: the greedy caption of the last stage (replayed from a CUDA graph under no_grad
-    on a GPU: :mod:`caprl.decoding.captured`)."""
-    return captured.run(model, ("greedy", max_length), lambda c: sample(model, c, max_length, greedy=True),
+def greedy_decoder(model: CaptionModel, ctx: Batch, max_length: int, **settings: Any) -> torch.Tensor:
+    """``[B, 1, T]``: the greedy caption of the last stage, under the constraints of ``settings``
+    (:func:`caprl.decoding.options.read_options`); replayed from a CUDA graph under no_grad on a GPU
+    (:mod:`caprl.decoding.captured`), constraints included."""
+    constraints = read_options(settings, "greedy").constraints
+    return captured.run(model, ("greedy", max_length, constraints),
+                        lambda c: sample(model, c, max_length, greedy=True,
+                                         rule=constraints.rule() if constraints else None),
                         ctx).last_stage().unsqueeze(1)
 
 
 @DECODERS.register("sample")
 def sample_decoder(model: CaptionModel, ctx: Batch, max_length: int, n: int = 1, temperature: float = 1.0,
-                   **_: Any) -> torch.Tensor:
-    """``[B, n, T]``: ``n`` random samples per image (global RNG: seed it for reruns)."""
-    out = sample(model, ctx, max_length, n=n, temperature=temperature).last_stage()
+                   generator: torch.Generator | None = None, **settings: Any) -> torch.Tensor:
+    """``[B, n, T]``: ``n`` random samples per image at ``temperature``, under the constraints,
+    ``top_k`` and ``top_p`` of ``settings`` (:mod:`caprl.decoding.sampling`); drawn from
+    ``generator`` (on the model's device, seeded from params ``seed``: reruns agree), else from
+    the global RNG (seed it for reruns). Eager (not captured: a draw advances its generator)."""
+    opts = read_options({**settings, "temperature": temperature}, "sample")
+    out = sample(model, ctx, max_length, n=n, temperature=opts.temperature,
+                 noise=GeneratorNoise(generator) if generator is not None else None,
+                 rule=sampling_rule(opts.constraints, opts.top_k, opts.top_p)).last_stage()
     return out.view(-1, n, out.shape[-1])
 
 
 @DECODERS.register("beam")
-def beam_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, **_: Any) -> torch.Tensor:
-    """``[B, 1, T]``: the best beam."""
-    return captured_beams(model, ctx, beam_size, max_length)[0][:, :1]
+def beam_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, **settings: Any) -> torch.Tensor:
+    """``[B, 1, T]``: the best beam (with the options of ``settings``: :func:`beam_search`)."""
+    return captured_beams(model, ctx, beam_size, max_length, read_options(settings, "beam", beam_size))[0][:, :1]
 
 
 @DECODERS.register("top_k_beams")
 def top_k_beams_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, n: int = 5,
-                        **_: Any) -> torch.Tensor:
-    """``[B, n, T]``: the ``n`` best of ``beam_size`` beams."""
-    return captured_beams(model, ctx, max(beam_size, n), max_length)[0][:, :n]
+                        **settings: Any) -> torch.Tensor:
+    """``[B, n, T]``: the ``n`` best of ``beam_size`` beams (with the options of ``settings``)."""
+    width = max(beam_size, n)
+    return captured_beams(model, ctx, width, max_length, read_options(settings, "top_k_beams", width))[0][:, :n]
 
 
-def captured_beams(model: CaptionModel, ctx: Batch, beam_size: int, max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def captured_beams(model: CaptionModel, ctx: Batch, beam_size: int, max_length: int,
+                   options: DecodeOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`beam_search`, replayed from a CUDA graph under no_grad on a GPU (:mod:`caprl.decoding.captured`):
-    its loop reads nothing back there, so a whole search is one launch."""
-    return captured.run(model, ("beam", beam_size, max_length), lambda c: beam_search(model, c, beam_size, max_length),
-                        ctx)
+    its loop reads nothing back there, whatever the options, so a whole search is one launch."""
+    opts = options or DecodeOptions()
+    return captured.run(model, ("beam", beam_size, max_length, opts),
+                        lambda c: beam_search(model, c, beam_size, max_length, opts), ctx)
 
 
 def beam_search(
-    model: CaptionModel, ctx: Batch, beam_size: int, max_length: int
+    model: CaptionModel, ctx: Batch, beam_size: int, max_length: int, options: DecodeOptions | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched beam search on the last stage; every stage is fed the beam's words.
 
-    Returns ``tokens [B, K, T]`` sorted best first and their summed log-probabilities
-    ``[B, K]`` (no length penalty: the hypothesis with the highest log-probability wins).
+    Returns ``tokens [B, K, T]`` sorted best first and their scores ``[B, K]``: the summed
+    log-probabilities, under ``options``' length penalty. ``options`` (default: all off, the
+    hypothesis with the highest log-probability wins): constraints, which ban words without
+    renormalising (:mod:`caprl.decoding.constraints`), a length penalty and diverse groups
+    (:mod:`caprl.decoding.selection`).
     """
+    opts = options or DecodeOptions()
     k = beam_size
+    if k % opts.groups:
+        raise CaprlError(f"decode.groups: {opts.groups} groups do not divide the {k} beams (decode.beam_size)")
+    penalty = selection.LENGTH_PENALTIES.get(opts.length_penalty, where="decode.length_penalty")
+    rule = opts.constraints.rule() if opts.constraints else None
     ctx_k = expand(ctx, k)
     state = model.init_state(ctx_k)
     first = _first(ctx)
@@ -320,62 +342,44 @@ def beam_search(
     # built whole, not by item assignment: a Python number written into a CUDA tensor is a host copy,
     # which a CUDA graph cannot capture (caprl.decoding.captured)
     unreached = torch.full((batch, k), float("-inf"), device=device)
-    scores = torch.cat([torch.zeros_like(unreached[:, :1]), unreached[:, 1:]], dim=1)  # one live beam at the start
+    live = torch.arange(k, device=device) % (k // opts.groups) == 0
+    scores = torch.where(live, torch.zeros_like(unreached), unreached)  # one live beam (per group) at the start
+    selecting = scores  # what beams are chosen by: scores, plus the diversity terms of diverse groups
+    lengths = torch.zeros(batch, k, device=device)  # each beam's tokens, its end token included
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
     tokens = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
     prev = torch.zeros(batch * k, dtype=torch.long, device=device)
     base = (torch.arange(batch, device=device) * k).unsqueeze(1)
     ended: torch.Tensor | None = None
-    for _ in range(max_length):
+    for t in range(max_length):
         out = model.step(prev.unsqueeze(1).expand(-1, model.n_stages), ctx_k, state)
         logprobs = out.logprobs[:, -1].reshape(batch, k, -1)
         vocab = logprobs.shape[-1]
         if ended is None:  # a finished beam can only repeat the end token, at no cost
             ended = torch.cat([logprobs.new_zeros(1), logprobs.new_full((vocab - 1,), float("-inf"))])
+        if rule is not None:
+            logprobs = rule(logprobs.reshape(batch * k, vocab), tokens.reshape(batch * k, tokens.shape[2]),
+                            t == max_length - 1).view(batch, k, vocab)
         logprobs = torch.where(finished.unsqueeze(-1), ended, logprobs)
-        top_scores, top_index = (scores.unsqueeze(-1) + logprobs).view(batch, -1).topk(k, dim=1)
-        beam, word = top_index // vocab, top_index % vocab
+        grown = torch.where(finished, lengths, lengths + 1)
+        chosen = selection.choose(selecting, logprobs, finished, grown, penalty, opts.length_alpha, opts.groups,
+                                  opts.diversity_lambda)
+        beam, word = chosen.beam, chosen.word
+        scores = chosen.selecting if opts.groups == 1 else (
+            scores.gather(1, beam) + logprobs.reshape(batch, -1).gather(1, beam * vocab + word))
+        selecting = chosen.selecting
         order = (base + beam).view(-1)
-        state = map_batch(lambda t: t.index_select(0, order), out.state)
+        state = map_batch(lambda x: x.index_select(0, order), out.state)
         tokens = torch.cat([tokens.gather(1, beam.unsqueeze(-1).expand(-1, -1, tokens.shape[2])), word.unsqueeze(-1)], -1)
+        lengths = grown.gather(1, beam)
         finished = finished.gather(1, beam) | (word == 0)
-        scores = top_scores
         prev = word.view(-1)
         if stop_early and bool(finished.all()):
             break
-    order = scores.argsort(dim=1, descending=True)
+    final = penalty(scores, lengths, opts.length_alpha)
+    order = final.argsort(dim=1, descending=True)
     tokens = tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.shape[2]))
-    return _pad(tokens, max_length), scores.gather(1, order)
-
-
-def decode_split(
-    model: CaptionModel,
-    features_of: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    image_ids: Sequence[int],
-    decode: Callable[[CaptionModel, Batch], Any],
-    batch_size: int,
-    desc: str = "decode",
-    pass_pooled: bool = False,
-) -> Iterator[tuple[list[int], Any]]:
-    """Decode ``image_ids`` in batches on the model's device (eval mode, no gradient).
-
-    ``decode(model, ctx)`` returns anything; yields ``(ids, result)`` per batch. With
-    ``pass_pooled`` it is called ``decode(model, ctx, pooled=...)`` with the batch's pooled
-    features on the device (decoders that read more than the model, e.g. lookahead's value
-    network; the others take ``**_``). The next batch's features are read by a background
-    thread while this one decodes; for a model that reads no regions, without them
-    (``features_of(ids, regions=False)``).
-    """
-    model.eval()
-    device = next(model.parameters()).device
-    chunks = [list(image_ids[i : i + batch_size]) for i in range(0, len(image_ids), batch_size)]
-    read = features_of if model.reads_regions else (lambda ids: features_of(ids, regions=False))
-    with torch.no_grad(), Prefetcher(read, chunks, depth=1) as loaded:
-        for ids, (pooled, regions) in tqdm(loaded, total=len(chunks), desc=desc, leave=False, mininterval=2.0,
-                                           disable=None):
-            pooled = pooled.to(device)
-            ctx = model.encode(pooled, regions.to(device))
-            yield ids, (decode(model, ctx, pooled=pooled) if pass_pooled else decode(model, ctx))
+    return _pad(tokens, max_length), final.gather(1, order)
 
 
 def _pad(x: torch.Tensor, length: int) -> torch.Tensor:

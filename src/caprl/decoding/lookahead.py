@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from caprl.decoding import DECODERS, _first, _pad, expand
+from caprl.decoding.options import read_options
 from caprl.errors import CaprlError
 from caprl.models.base import Batch, CaptionModel, map_batch
 
@@ -103,8 +104,10 @@ def lookahead_search(model: CaptionModel, ctx: Batch, value: Critic, pooled: tor
 @DECODERS.register("lookahead")
 def lookahead_decoder(model: CaptionModel, ctx: Batch, max_length: int, beam_size: int = 5, value: Critic | None = None,
                       pooled: torch.Tensor | None = None, lam: float = 0.4, candidates: int = 10,
-                      **_: Any) -> torch.Tensor:
-    """``[B, 1, T]``: the best beam of :func:`lookahead_search` (needs ``value`` and ``pooled``)."""
+                      **settings: Any) -> torch.Tensor:
+    """``[B, 1, T]``: the best beam of :func:`lookahead_search` (needs ``value`` and ``pooled``); it
+    reads none of the ``decode:`` options (:mod:`caprl.decoding.options`) and refuses any set."""
+    read_options(settings, "lookahead")
     if value is None or pooled is None:
         raise CaprlError("decode.method lookahead needs the run's value network and the images' pooled features: "
                          "only runs whose checkpoint holds a value network (actor_critic) can use it")

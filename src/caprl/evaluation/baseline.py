@@ -11,6 +11,7 @@ from collections import Counter
 from caprl import params as params_mod
 from caprl.data.annotations import load_annotations
 from caprl.evaluation.report import score_and_record
+from caprl.evaluation.vocabulary import caption_stats, training_captions
 from caprl.metrics.score_cli import load_references
 
 
@@ -36,5 +37,6 @@ def main(args: argparse.Namespace) -> None:
     refs = load_references(args.refs)
     info = {"dataset": args.dataset, "run": "most-frequent", "model": "most-frequent caption", "method": "none",
             "objective": "none", "caption": caption}
-    score_and_record(params, "most-frequent", info, {i: caption for i in refs}, refs, args.out_captions, args.out_scores,
-                     args.out_examples)
+    captions = {i: caption for i in refs}
+    score_and_record(params, "most-frequent", info, captions, refs, args.out_captions, args.out_scores,
+                     args.out_examples, extra={"vocabulary": caption_stats(captions, training_captions(annotations))})

@@ -10,6 +10,11 @@ For the caption set Y of one image (e.g. 5 random samples or the top-5 beams):
 
 Each is computed per image and averaged over images. Captions are token lists.
 
+Beside them, as self-critical.pytorch's ``eval_multi`` reports it, Self-CIDEr (Wang & Chan,
+CVPR 2019; :mod:`caprl.evaluation.self_cider`): -log_m of the share of the largest root
+eigenvalue of the set's CIDEr kernel (higher is more diverse, 0 to 1), on the PTB tokens
+of the captions with document frequencies from the images' references.
+
 Table 4's precision column is the official CIDEr-D, reduced per decoding as the paper
 reports it (:data:`TABLE4_PRECISION`): for rs the mean over the 5 sampled captions (sec. 5.4:
 "The reported CIDEr is the average of CIDEr scores of the 5 sampled captions"), for bs the
@@ -23,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from caprl.errors import CaprlError
+from caprl.evaluation.self_cider import self_cider
 from caprl.rewards.bleu import leave_one_out_bleu
 
 
@@ -70,19 +76,21 @@ TABLE4_PRECISION: dict[str, str] = {"rs": "mean", "bs": "top"}
 def set_scores(sets: CaptionSets, references: Mapping[int, Sequence[str]], precision: str) -> dict[str, float]:
     """Table 4's columns for one decoding: Div-1, Div-2, mBLEU-4 of each image's caption set,
     ``CIDEr-D`` reduced by ``precision`` (a key of :data:`PRECISIONS`) and ``CIDEr-D_mean``,
-    the mean over every caption of every set (whatever ``precision``).
+    the mean over every caption of every set (whatever ``precision``), and ``Self-CIDEr``.
 
     CIDEr-D is the official one: candidates and raw references PTB-tokenised by
     pycocoevalcap's tokenizer (one JVM call) and scored by our engine, which equals
     pycocoevalcap's CiderD with document frequencies from these references (its convention;
     so ``top`` on a beam set equals the official corpus CIDEr-D of the best beams).
-    The diversity metrics read the model's own words.
+    Self-CIDEr reads the same PTB tokens and document frequencies (as self-critical.pytorch's
+    ``eval_self_cider`` tokenises both); Div-1, Div-2 and mBLEU-4 read the model's own words.
     """
     if precision not in PRECISIONS:
         raise CaprlError(f"diversity: unknown precision '{precision}'; known: {', '.join(sorted(PRECISIONS))}")
-    per_image = official_cider_d(sets, references)
+    refs, candidates = ptb_sets(sets, references)
+    per_image = cider_d_of(refs, candidates)
     return {"CIDEr-D": PRECISIONS[precision](per_image), "CIDEr-D_mean": PRECISIONS["mean"](per_image),
-            **diversity({i: sets[i] for i in sorted(sets)})}
+            **diversity({i: sets[i] for i in sorted(sets)}), "Self-CIDEr": self_cider(candidates, refs)}
 
 
 def official_cider_d(sets: CaptionSets, references: Mapping[int, Sequence[str]]) -> list[np.ndarray]:
@@ -90,8 +98,15 @@ def official_cider_d(sets: CaptionSets, references: Mapping[int, Sequence[str]])
     each in its set's order): candidates and raw references PTB-tokenised by pycocoevalcap's
     tokenizer (one JVM call) and scored by our engine with document frequencies from these
     references, as pycocoevalcap's CiderD does (``tests/test_evaluation_diversity.py``)."""
+    return cider_d_of(*ptb_sets(sets, references))
+
+
+def ptb_sets(sets: CaptionSets, references: Mapping[int, Sequence[str]]
+             ) -> tuple[dict[int, list[list[str]]], dict[int, list[list[str]]]]:
+    """(references, sets) of the sets' images, sorted image ids, PTB-tokenised by pycocoevalcap's
+    tokenizer (one JVM call for what this process has not tokenised yet); a caption the tokenizer
+    empties is []."""
     from caprl.metrics.official import ptb_tokenize
-    from caprl.rewards import build_reward
 
     ids = sorted(sets)
     missing = [i for i in ids if i not in references]
@@ -101,7 +116,17 @@ def official_cider_d(sets: CaptionSets, references: Mapping[int, Sequence[str]])
     texts.update({("cand", i, j): [" ".join(c)] for i in ids for j, c in enumerate(sets[i])})
     tokens = ptb_tokenize(texts)
     refs = {i: [r.split() for r in tokens[("ref", i)]] for i in ids}
-    owners = [i for i in ids for _ in sets[i]]
-    candidates = [(tokens[("cand", i, j)] or [""])[0].split() for i in ids for j in range(len(sets[i]))]
-    cider = build_reward("cider_d", refs)(owners, candidates)
-    return np.split(cider, np.cumsum([len(sets[i]) for i in ids])[:-1])
+    candidates = {i: [(tokens[("cand", i, j)] or [""])[0].split() for j in range(len(sets[i]))] for i in ids}
+    return refs, candidates
+
+
+def cider_d_of(refs: Mapping[int, Sequence[Sequence[str]]],
+               candidates: Mapping[int, Sequence[Sequence[str]]]) -> list[np.ndarray]:
+    """CIDEr-D of every tokenised candidate against its image's tokenised references (document
+    frequencies from ``refs``), one array per image in ``candidates``' order."""
+    from caprl.rewards import build_reward
+
+    ids = list(candidates)
+    owners = [i for i in ids for _ in candidates[i]]
+    cider = build_reward("cider_d", refs)(owners, [c for i in ids for c in candidates[i]])
+    return np.split(cider, np.cumsum([len(candidates[i]) for i in ids])[:-1])

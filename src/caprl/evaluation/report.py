@@ -7,6 +7,7 @@ from typing import Any
 
 from caprl import io
 from caprl.errors import CaprlError
+from caprl.evaluation import clip_score
 from caprl.metrics.official import shared_scorer
 from caprl.tracking import Tracker, provenance
 
@@ -42,10 +43,11 @@ def score_and_record(
     io.write_json(out_captions, results)
     scorer = shared_scorer(params["spice"]["corenlp_dir"])  # one METEOR JVM per job
     scored = scorer.score(references, dict(captions), metrics=list(ev["metrics"]), per_image=False)
+    missing = {**scored.get("unavailable", {}), **clip_score.unavailable((extra or {}).get(clip_score.SECTION))}
     report = {**info, "provenance": provenance(), "split": ev["split"], "n_images": len(results),
               "metrics": scored["corpus"], **(extra or {}),
               # why a metric was not computed, without this machine's paths
-              "unavailable": {m: io.portable(why) for m, why in scored.get("unavailable", {}).items()}}
+              "unavailable": {m: io.portable(why) for m, why in missing.items()}}
     io.write_json(out_scores, report)
     for name, reason in report["unavailable"].items():
         log.warning("%s unavailable: %s", name, reason)
@@ -67,6 +69,12 @@ def score_and_record(
         for section, scores in (extra or {}).get("diversity", {}).items():
             if section in ("rs", "bs"):
                 tracker.log_metrics({f"{section}/{k}": v for k, v in scores.items()})
+        vocabulary = (extra or {}).get("vocabulary")  # caprl.evaluation.vocabulary
+        if vocabulary:
+            tracker.log_metrics({f"vocabulary/{k}": float(v) for k, v in vocabulary.items()})
+        clip = (extra or {}).get(clip_score.SECTION) or {}  # CLIP-S by its embedding: clip/CLIP-S, listener/CLIP-S
+        if clip.get("metrics"):
+            tracker.log_metrics({f"{clip['embedding']}/{k}": v for k, v in clip["metrics"].items()})
         lookahead = (extra or {}).get("lookahead")  # paper 003: the same weights decoded by lookahead
         if lookahead:
             tracker.log_metrics({f"lookahead/{k}": v for k, v in lookahead["metrics"].items()})

@@ -6,6 +6,12 @@ lookahead inference (``decode.method: lookahead``, :mod:`caprl.decoding.lookahea
 into the score file's ``lookahead`` section (one evaluate job gives both rows of paper 003's
 Table 1).
 
+The score file's ``vocabulary`` (every run): the distinct words of the evaluated captions and
+the share of them that is no training caption (:mod:`caprl.evaluation.vocabulary`).
+
+The score file's ``clip_score`` (``evaluate.clip_score``, per dataset): CLIP-S and RefCLIP-S of the
+evaluated captions in the dataset's embedding (:mod:`caprl.evaluation.clip_score`).
+
 With ``evaluate.greedy`` set, the greedy captions (the decoding that best-epoch selection
 validates with) are scored too, by the official CIDEr-D, into ``greedy``: RL methods gain most
 in greedy decoding, while an XE model gains most from the beam, so the main table shows both.
@@ -32,9 +38,13 @@ from caprl.objectives import run_checks
 from caprl.decoding import lookahead  # noqa: F401  (registers the lookahead decoder)
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
+from caprl.decoding import options as decode_options
 from caprl.evaluation import degenerate
+from caprl.evaluation.clip_score import SECTION as CLIP_SCORE, clip_score_report
+from caprl.metrics.embeddings import EmbeddingInputs, add_embedding_arguments
 from caprl.evaluation.diversity import TABLE4_PRECISION, official_cider_d, set_scores
 from caprl.evaluation.report import score_and_record
+from caprl.evaluation.vocabulary import caption_stats, training_captions
 from caprl.metrics.official import ptb_tokenize, shared_scorer
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
@@ -54,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-examples", required=True, help="output: a few captions beside their references")
     parser.add_argument("--out-captions", required=True, help="output: COCO results format")
     parser.add_argument("--out-scores", required=True, help="output: official metrics (JSON)")
+    add_embedding_arguments(parser)  # CLIP-S's embedding (evaluate.clip_score): the workflow passes its input
 
 
 def decoded_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
@@ -97,8 +108,9 @@ def shares_the_beams(params: dict[str, Any], decode: dict[str, Any]) -> bool:
     """Whether the diversity's bs set is the evaluation's own beam search (same width and length):
     its best beam is then the evaluated caption, and one search gives both."""
     settings = params["evaluate"]["diversity"]
+    plain = all(decode.get(key, off) == off for key, off in decode_options.OFF.items())  # diverse beams differ
     return (decode["method"] == "beam" and decode["beam_size"] == settings["beams"]
-            and decode["max_length"] == params["decode"]["max_length"])
+            and decode["max_length"] == params["decode"]["max_length"] and plain)
 
 
 def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
@@ -156,12 +168,14 @@ def main(args: argparse.Namespace) -> None:
     else:
         captions = decoded_captions(model, data, ids, decode["method"], batch_size, beam_size=decode["beam_size"],
                                     max_length=decode["max_length"],
-                                    **decoder_settings(params, args.run, decode["method"], value))
+                                    **decoder_settings(params, args.run, decode["method"], value),
+                                    **option_settings(params, decode, decode["method"], data, device_of(model)))
     sets = diversity_sets(model, data, ids, params, bs=beams) if diverse else None
     greedy = None
     if params["evaluate"].get("greedy"):
         greedy = captions if decode["method"] == "greedy" else decoded_captions(
-            model, data, ids, "greedy", batch_size, max_length=params["decode"]["max_length"])
+            model, data, ids, "greedy", batch_size, max_length=params["decode"]["max_length"],
+            **option_settings(params, decode, "greedy", data, device_of(model)))  # under decode:'s constraints
     ahead = None
     if value is not None and params["evaluate"].get("lookahead"):
         ahead = captions if decode["method"] == "lookahead" else decoded_captions(
@@ -175,13 +189,18 @@ def main(args: argparse.Namespace) -> None:
                             "best_epoch": (ckpt.position or {}).get("best_epoch"),
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version,
                             "made_from": ckpt.made_from}  # what its model learnt from (caprl.io.provenance)
-    extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split)}  # collapsed outputs
+    extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split),  # collapsed outputs
+                             "vocabulary": caption_stats(captions, training_captions(data.annotations))}
     if sets is not None:
         extra["diversity"] = diversity_report(model, data, ids, references, params, sets)
     if greedy is not None:
         extra["greedy"] = greedy_report(model, data, ids, references, params, greedy)
     if ahead is not None:
         extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, ahead)
+    clip = clip_score_report(params, args.dataset, data, EmbeddingInputs.from_args(args), captions,
+                             data.references(split), default_device())  # CLIP-S, RefCLIP-S (Hessel et al. 2021)
+    if clip is not None:
+        extra[CLIP_SCORE] = clip
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples, extra=extra, train_run_id=ckpt.mlflow_run_id)
 
@@ -206,6 +225,24 @@ def run_decode(params: dict[str, Any], run: str, record: dict[str, Any]) -> dict
         return params_mod.run_spec(params, run).decode
     log.warning("run %s is not in params.yaml (checkpoint of %s): decoding with decode:", run, record.get("name"))
     return dict(params["decode"])
+
+
+def option_settings(params: dict[str, Any], decode: dict[str, Any], method: str, data: CaptionData,
+                    device: torch.device) -> dict[str, Any]:
+    """The ``decode:`` options (:mod:`caprl.decoding.options`) decoder ``method`` reads, with the
+    vocabulary (``remove_bad_endings`` names words) and, for sampling, a generator seeded from
+    params ``seed`` on the model's device (reruns agree); nothing where every option is off."""
+    settings = decode_options.settings_for(method, decode)
+    if all(value == decode_options.OFF[key] for key, value in settings.items()) and method != "sample":
+        return {}
+    extra: dict[str, Any] = {"words": data.vocab.idx_to_word}
+    if method == "sample":
+        extra["generator"] = torch.Generator(device=device).manual_seed(int(params["seed"]))
+    return {**settings, **extra}
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def decoder_settings(params: dict[str, Any], run: str, method: str, value: ValueNetwork | None) -> dict[str, Any]:

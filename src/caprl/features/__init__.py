@@ -1,6 +1,8 @@
 """Image features: a registry of backbones, sharded extraction to HDF5, merging, a reader.
 
-* :mod:`caprl.features.backbones` -- ``name -> Backbone`` (``tinycnn``, ``patches``, ``resnet101``, ``resnet152``).
+* :mod:`caprl.features.backbones` -- ``name -> Backbone`` (``tinycnn``, ``patches``, ``resnet101``, ``resnet152``,
+  ``clip``).
+* :mod:`caprl.features.clip_grid` -- ``clip``: a CLIP ViT's patch grid (transformers' ``CLIPVisionModel``).
 * :mod:`caprl.features.tinycnn` -- the synthetic sets' CNN, pre-trained on single shapes (``caprl pretrain-tinycnn``).
 * :mod:`caprl.features.extract` -- ``caprl features``: one shard of a dataset -> one HDF5 file.
 * :mod:`caprl.features.merge` -- ``caprl merge-features``: shard files -> one HDF5 file.

@@ -10,8 +10,8 @@ with attributes ``name``, ``grid`` (regions form a grid x grid map), ``dim`` (D)
 ``n_regions`` (R = grid * grid). Regions are in row-major order: region ``r`` is row
 ``r // grid`` (top to bottom), column ``r % grid`` (left to right).
 
-Adding a backbone is one class decorated with ``@register("name")`` plus the name in the
-schema's ``features.backbone`` enum.
+Adding a backbone is one class decorated with ``@register("name")``, here or in a module imported
+at the end of this one (the plan checks ``datasets.<name>.backbone`` against the registry).
 """
 
 from __future__ import annotations
@@ -341,3 +341,6 @@ class ResNet101Backbone(ResNetBackbone):
 @register("resnet152")
 class ResNet152Backbone(ResNetBackbone):
     """ResNet-152 (``microsoft/resnet-152``)."""
+
+
+from caprl.features import clip_grid  # noqa: E402,F401  (registers "clip"; imports this module's names)

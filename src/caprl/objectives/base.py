@@ -51,10 +51,13 @@ class ObjectiveEnv:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def one_of(choices: Callable[[], Iterable[str]]) -> Any:
+def one_of(choices: Callable[[], Iterable[str]], default: Any = dataclasses.MISSING) -> Any:
     """An option field whose value must be a name of ``choices()`` (a registry, read when checked:
-    the registry is the one list of its names). Use as ``variant: str = one_of(lambda: VARIANTS)``."""
-    return field(metadata={"choices": choices})
+    the registry is the one list of its names). Use as ``variant: str = one_of(lambda: VARIANTS)``.
+    A ``default`` (only for an option that switches a later addition off) makes it keyword-only."""
+    if default is dataclasses.MISSING:
+        return field(metadata={"choices": choices})
+    return field(default=default, kw_only=True, metadata={"choices": choices})
 
 
 @dataclass
@@ -92,7 +95,11 @@ class Options:
                              f"got {options.lr_decay_every}")
         if options.lr_decay_rate <= 0:
             raise CaprlError(f"{where}.lr_decay_rate: expected a positive factor, got {options.lr_decay_rate}")
+        options.check(where)
         return options
+
+    def check(self, where: str) -> None:
+        """Checks across options (subclasses add theirs; errors name the key under ``where``)."""
 
     def lr_scale(self, epoch: int) -> float:
         """The factor on every group's rate in (0-based) ``epoch``: ``lr_decay_rate ** (epoch //
@@ -182,18 +189,21 @@ class Objective(nn.Module):
         return dict(self.named_children())
 
     def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int, temperature: float = 1.0,
-                           keep_entropy: bool = False) -> tuple[Samples, Samples]:
-        """Self-critical decoding: the greedy captions (eval mode, no gradient) and ``n``
-        samples per image (train mode, differentiable), from one encoding of the images."""
+                           keep_entropy: bool = False, greedy: bool = True) -> tuple[Samples | None, Samples]:
+        """Self-critical decoding: the greedy captions (eval mode, no gradient; None, not decoded,
+        if not ``greedy``: a baseline that does not read them) and ``n`` samples per image (train
+        mode, differentiable), from one encoding of the images."""
         ctx = model.encode(batch.pooled, batch.regions)
-        model.eval()
-        with torch.no_grad():  # replayed from a CUDA graph on a GPU (caprl.decoding.captured)
-            greedy = captured.run(model, ("greedy", self.env.max_length),
-                                  lambda c: decoding.sample(model, c, self.env.max_length, greedy=True), ctx)
+        best = None
+        if greedy:
+            model.eval()
+            with torch.no_grad():  # replayed from a CUDA graph on a GPU (caprl.decoding.captured)
+                best = captured.run(model, ("greedy", self.env.max_length),
+                                    lambda c: decoding.sample(model, c, self.env.max_length, greedy=True), ctx)
         model.train()
         samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise,
                                   keep_entropy=keep_entropy)
-        return greedy, samples
+        return best, samples
 
     def mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked mean over the GLOBAL batch: with DDP (gradients averaged over processes)

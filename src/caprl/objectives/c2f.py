@@ -18,6 +18,10 @@ The coarse stage has no RL term of its own; its LSTM still gets gradients throug
 fine stages that read its hidden states (only its output layer gets none). Note that the
 coarse LSTM reads ``h^{Nf}_{t-1}`` (eq. 2), so ``sample_{i-1}`` is not independent of
 ``sample_i``'s earlier words: the second baseline is the paper's, not an unbiased one.
+
+Option ``baseline`` (:data:`caprl.objectives.baselines.BASELINES`) replaces the first term's
+r(greedy_i) (the paper's, ``greedy``); ``nsc`` takes, per stage, the mean reward of the
+image's other samples at that stage and decodes no greedy captions.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, register_objective
+from caprl.objectives.baselines import BASELINES
 from caprl.objectives.scst import SamplingOptions
 
 
@@ -35,12 +40,19 @@ def c2f_advantages(r_sample: np.ndarray, r_greedy: np.ndarray) -> np.ndarray:
     """Eq. 15 for every fine stage: ``[S, N]`` rewards -> ``[S-1, N]`` relative rewards.
 
     Row s of the inputs is stage s (0 = coarse); column j is one sample with, in
-    ``r_greedy``, the greedy reward of the same image. Row 0 of ``r_greedy`` is not used.
+    ``r_greedy``, its baseline (the paper: the greedy reward of the same image). Row 0 of
+    ``r_greedy`` is not used.
     """
     r_sample, r_greedy = np.asarray(r_sample, dtype=np.float64), np.asarray(r_greedy, dtype=np.float64)
     if r_sample.shape != r_greedy.shape or r_sample.ndim != 2 or r_sample.shape[0] < 2:
         raise ValueError(f"expected two [S >= 2, N] arrays, got {r_sample.shape} and {r_greedy.shape}")
-    return (r_sample[1:] - r_greedy[1:]) + (r_sample[1:] - r_sample[:-1])
+    return relative_rewards(r_sample, r_sample - r_greedy)
+
+
+def relative_rewards(r_sample: np.ndarray, advantage: np.ndarray) -> np.ndarray:
+    """Eq. 15 from its first term: ``[S, N]`` rewards and ``advantage`` (each reward minus its
+    baseline) -> ``[S-1, N]``: ``advantage_i + (r(sample_i) - r(sample_{i-1}))``."""
+    return advantage[1:] + (r_sample[1:] - r_sample[:-1])
 
 
 @register_objective("c2f")
@@ -54,19 +66,26 @@ class CoarseToFineRL(Objective):
             raise CaprlError(f"objective c2f needs a multi-stage model (coarse + fine stages); "
                              f"{type(model).__name__} has {stages} stage")
         n = self.options.n_samples
-        reward = self.env.reward(self.options.reward)
-        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature)
+        reward, baseline = self.env.reward(self.options.reward), BASELINES[self.options.baseline]
+        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature, greedy=baseline.greedy)
         ids = batch.image_ids
         sample_ids = [i for i in ids for _ in range(n)]
-        r_greedy = np.stack([reward(ids, self.env.decode_words(greedy.tokens[:, s])) for s in range(stages)])
-        r_sample = np.stack([reward(sample_ids, self.env.decode_words(samples.tokens[:, s])) for s in range(stages)])
-        advantage = self.tensor(c2f_advantages(r_sample, np.repeat(r_greedy, n, axis=1)), like=samples.logprobs)
+        r_greedy = None if greedy is None else np.asarray(np.stack(
+            [reward(ids, self.env.decode_words(greedy.tokens[:, s])) for s in range(stages)]), dtype=np.float64)
+        r_sample = np.asarray(np.stack([reward(sample_ids, self.env.decode_words(samples.tokens[:, s]))
+                                        for s in range(stages)]), dtype=np.float64)
+        first = np.stack([baseline.advantage(r_sample[s], None if r_greedy is None else r_greedy[s], n)
+                          for s in range(stages)])  # r(sample_i) - its baseline (the paper: r(greedy_i))
+        advantage = self.tensor(relative_rewards(r_sample, first), like=samples.logprobs)
         loss = -torch.stack([
             self.mean(advantage[s - 1].unsqueeze(1) * samples.logprobs[:, s], samples.mask[:, s])
             for s in range(1, stages)
         ]).sum()
-        metrics = {"reward_sample": float(r_sample[-1].mean()), "reward_greedy": float(r_greedy[-1].mean())}
+        metrics = {"reward_sample": float(r_sample[-1].mean())}
+        if r_greedy is not None:
+            metrics["reward_greedy"] = float(r_greedy[-1].mean())
         for s in range(stages):
             metrics[f"reward_sample_stage{s}"] = float(r_sample[s].mean())
-            metrics[f"reward_greedy_stage{s}"] = float(r_greedy[s].mean())
+            if r_greedy is not None:
+                metrics[f"reward_greedy_stage{s}"] = float(r_greedy[s].mean())
         return loss, metrics

@@ -10,7 +10,9 @@ caption against the batch's images, ``sim [B*n, B]``, the captions of the same i
 being each other's negatives) and l_nat = -CIDEr-D (option ``reward``). l_nat is always
 optimised by REINFORCE with the greedy caption's reward as baseline (self-critical, as Luo
 et al.'s code does; the paper only says "REINFORCE"), over ``n_samples`` samples per image;
-multi-stage models are trained on their last stage (as :mod:`caprl.objectives.scst`).
+multi-stage models are trained on their last stage (as :mod:`caprl.objectives.scst`). Option
+``baseline`` (:data:`caprl.objectives.baselines.BASELINES`) can replace that greedy baseline
+(``nsc``: the mean of the image's other samples, no greedy decode; luo2018: of their mixed reward).
 
 **One meaning of lam.** Both terms are per caption, averaged over the captions of the global
 batch (DDP-correct: :meth:`ListenerObjective.caption_mean`): l_disc is the mean of eq. 4, and
@@ -64,13 +66,13 @@ from caprl.decoding import Samples
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, Options, register_objective
+from caprl.objectives.baselines import BASELINES, BaselineOptions
 from caprl.objectives.listener import ListenerObjective, disc_losses, first_captions, greedy_recall
 
 
 @dataclass
-class JointOptions(Options):
+class JointOptions(BaselineOptions):  # n_samples, baseline (l_nat's)
     lam: float  # eq. 3: weight of l_disc; 1 - lam on l_nat (both per caption: see the module docstring)
-    n_samples: int  # samples per image
     reward: str  # l_nat = -reward (a name under `rewards:`; paper: CIDEr)
 
 
@@ -118,12 +120,20 @@ class Discriminative(ListenerObjective):
     def validation(self, model: CaptionModel, data: Any) -> dict[str, float]:
         return greedy_recall(self.listener, model, data, self.env.max_length)
 
-    def nat_rewards(self, batch: Batch, greedy: Samples, samples: Samples) -> tuple[np.ndarray, np.ndarray]:
-        """The reward (CIDEr-D) of every sample ``[B*n]`` and of every greedy caption ``[B]``."""
+    def nat_rewards(self, batch: Batch, greedy: Samples | None,
+                    samples: Samples) -> tuple[np.ndarray, np.ndarray | None]:
+        """The reward (CIDEr-D) of every sample ``[B*n]`` and of every greedy caption ``[B]``
+        (None without greedy captions: a baseline that does not read them)."""
         n, reward, ids = self.options.n_samples, self.env.reward(self.options.reward), batch.image_ids
-        r_greedy = reward(ids, self.env.decode_words(greedy.last_stage()))
+        r_greedy = None if greedy is None else reward(ids, self.env.decode_words(greedy.last_stage()))
         r_sample = reward([i for i in ids for _ in range(n)], self.env.decode_words(samples.last_stage()))
-        return np.asarray(r_sample, dtype=np.float64), np.asarray(r_greedy, dtype=np.float64)
+        return (np.asarray(r_sample, dtype=np.float64),
+                None if r_greedy is None else np.asarray(r_greedy, dtype=np.float64))
+
+    def nat_stats(self, r_sample: np.ndarray, r_greedy: np.ndarray | None) -> dict[str, float]:
+        """The mean sample reward and, where decoded, the mean greedy reward."""
+        greedy = {} if r_greedy is None else {"reward_greedy": float(r_greedy.mean())}
+        return {"reward_sample": float(r_sample.mean()), **greedy}
 
     def reinforce(self, advantage: torch.Tensor, samples: Samples) -> torch.Tensor:
         """REINFORCE surrogate of a per-caption reward: ``-mean_i advantage_i * sum_t log p(w_it)``
@@ -160,18 +170,23 @@ class Luo2018(Discriminative):
         return self
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        n, lam = self.options.n_samples, self.options.lam
-        greedy, samples = self.greedy_and_samples(model, batch, n)
+        n, lam, baseline = self.options.n_samples, self.options.lam, BASELINES[self.options.baseline]
+        greedy, samples = self.greedy_and_samples(model, batch, n, greedy=baseline.greedy)
         r_sample, r_greedy = self.nat_rewards(batch, greedy, samples)
         with torch.no_grad():
             d_sample = disc_losses(self.listener, samples.last_stage(), batch.pooled, n).float()
-            d_greedy = disc_losses(self.listener, greedy.last_stage(), batch.pooled, 1).float()
+            d_greedy = (None if greedy is None
+                        else disc_losses(self.listener, greedy.last_stage(), batch.pooled, 1).float())
         mix_sample = (1 - lam) * self.host(r_sample, like=d_sample) - lam * d_sample
-        mix_greedy = (1 - lam) * self.host(r_greedy, like=d_greedy) - lam * d_greedy
-        loss = self.reinforce(mix_sample - mix_greedy.repeat_interleave(n), samples)
-        return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean()),
-                      "l_disc": float(d_sample.mean()), "l_disc_greedy": float(d_greedy.mean()),
-                      "mix_sample": float(mix_sample.mean()), "mix_greedy": float(mix_greedy.mean())}
+        mix_greedy = None if d_greedy is None else (1 - lam) * self.host(r_greedy, like=d_greedy) - lam * d_greedy
+        loss = self.reinforce(baseline.advantage(mix_sample, mix_greedy, n), samples)
+        stats = {**self.nat_stats(r_sample, r_greedy), "l_disc": float(d_sample.mean())}
+        if d_greedy is not None:
+            stats["l_disc_greedy"] = float(d_greedy.mean())
+        stats["mix_sample"] = float(mix_sample.mean())
+        if mix_greedy is not None:
+            stats["mix_greedy"] = float(mix_greedy.mean())
+        return loss, stats
 
 
 Turn = Callable[[CaptionModel, Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -218,16 +233,16 @@ class ReinforceJoint(Discriminative):
     def speaker_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The speaker's turn, the listener frozen (eval mode, no gradient):
         lam * REINFORCE(-l_disc, baseline -l_disc(gt)) + (1 - lam) * REINFORCE(CIDEr-D, greedy)."""
-        n, lam = self.options.n_samples, self.options.lam
-        greedy, samples = self.greedy_and_samples(model, batch, n)
+        n, lam, baseline = self.options.n_samples, self.options.lam, BASELINES[self.options.baseline]
+        greedy, samples = self.greedy_and_samples(model, batch, n, greedy=baseline.greedy)
         r_sample, r_greedy = self.nat_rewards(batch, greedy, samples)
         with frozen(self.listener):
             d_sample = disc_losses(self.listener, samples.last_stage(), batch.pooled, n).float()
             d_gold = disc_losses(self.listener, first_captions(batch), batch.pooled, 1).float()
         advantage_disc = d_gold.repeat_interleave(n) - d_sample  # (-l_disc(w)) - (-l_disc(gt))
-        advantage_nat = self.host(r_sample - np.repeat(r_greedy, n), like=d_sample)
+        advantage_nat = self.host(baseline.advantage(r_sample, r_greedy, n), like=d_sample)
         loss = self.reinforce(lam * advantage_disc + (1 - lam) * advantage_nat, samples)
-        return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean()),
+        return loss, {**self.nat_stats(r_sample, r_greedy),
                       "l_disc": float(d_sample.mean()), "l_disc_gt": float(d_gold.mean())}
 
     def listener_loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:

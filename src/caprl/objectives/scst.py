@@ -3,6 +3,13 @@
 Each image gets ``n_samples`` samples; every sample's advantage is its reward minus the
 reward of the same image's greedy caption. Multi-stage models are trained on their last stage.
 
+Option ``baseline`` (:data:`caprl.objectives.baselines.BASELINES`) picks the baseline; ``greedy``
+is the paper's. ``baseline: nsc`` is Luo 2020's "new self-critical" (arXiv 2003.09971): the
+same objective with each sample baselined by the mean reward of its image's other samples and
+no greedy decode, as self-critical.pytorch runs it (``structure_loss_type: new_self_critical``
+changes only the baseline). So NSC is ``method: scst`` with ``options: {baseline: nsc}``, not
+a method of its own.
+
 ``sll`` is the same objective under the SLE paper's name (paper 002, "SLL": sequence-level
 learning, CIDEr-D, greedy baseline, s = 5 samples), so its tables find their runs by
 method. With ``entropy`` > 0 the loss also maximises the sampling distribution's entropy
@@ -17,12 +24,12 @@ import numpy as np
 import torch
 
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Batch, Objective, Options, register_objective
+from caprl.objectives.base import Batch, Objective, register_objective
+from caprl.objectives.baselines import BASELINES, BaselineOptions
 
 
 @dataclass
-class SamplingOptions(Options):
-    n_samples: int  # samples per image
+class SamplingOptions(BaselineOptions):  # n_samples, baseline
     reward: str  # a name under `rewards:`
     temperature: float
 
@@ -39,14 +46,17 @@ class SelfCritical(Objective):
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         n, weight = self.options.n_samples, self.options.entropy
-        reward = self.env.reward(self.options.reward)
-        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature, keep_entropy=weight > 0)
+        reward, baseline = self.env.reward(self.options.reward), BASELINES[self.options.baseline]
+        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature, keep_entropy=weight > 0,
+                                                  greedy=baseline.greedy)
         ids = batch.image_ids
-        r_greedy = reward(ids, self.env.decode_words(greedy.last_stage()))
-        r_sample = reward([i for i in ids for _ in range(n)], self.env.decode_words(samples.last_stage()))
-        advantage = self.tensor(r_sample - np.repeat(r_greedy, n), like=samples.logprobs)
+        r_greedy = None if greedy is None else np.asarray(reward(ids, self.env.decode_words(greedy.last_stage())))
+        r_sample = np.asarray(reward([i for i in ids for _ in range(n)], self.env.decode_words(samples.last_stage())))
+        advantage = self.tensor(baseline.advantage(r_sample, r_greedy, n), like=samples.logprobs)
         loss = -self.mean(advantage.unsqueeze(1) * samples.logprobs[:, -1], samples.mask[:, -1])
-        stats = {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean())}
+        stats = {"reward_sample": float(r_sample.mean())}
+        if r_greedy is not None:
+            stats["reward_greedy"] = float(r_greedy.mean())
         if weight > 0:
             entropy = self.mean(samples.entropy[:, -1], samples.mask[:, -1])
             loss = loss - weight * entropy

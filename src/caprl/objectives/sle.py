@@ -34,6 +34,10 @@ The diversity term is chosen by the ``diversity`` option (:data:`DIVERSITY`):
 
 Either way the loss is the weighted log-probability averaged over the sampled tokens of the
 global batch (the code's ``reduce_sum(...) / reduce_sum(roll_mask)``).
+
+Option ``baseline`` (:data:`caprl.objectives.baselines.BASELINES`) picks Delta's baseline:
+``greedy`` (the paper's, above) or ``nsc`` (the mean CIDEr-D of the image's other samples, no
+greedy decode).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import torch
 
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, Objective, ObjectiveEnv, one_of, register_objective
+from caprl.objectives.baselines import BASELINES
 from caprl.objectives.scst import SamplingOptions
 from caprl.registry import Registry
 from caprl.rewards import leave_one_out_bleu, pairwise_bleu
@@ -85,7 +90,12 @@ def diversity_weights(distance: np.ndarray) -> np.ndarray:
 
 def combine(precision: np.ndarray, greedy: np.ndarray, diversity: np.ndarray, alpha: float) -> np.ndarray:
     """``[G, s]``: the factor of -log p(y_j): alpha (Delta(y_j) - Delta(greedy)) + (1 - alpha) diversity."""
-    return alpha * (precision - greedy[:, None]) + (1.0 - alpha) * diversity
+    return weigh(precision - greedy[:, None], diversity, alpha)
+
+
+def weigh(advantage: np.ndarray, diversity: np.ndarray, alpha: float) -> np.ndarray:
+    """``[G, s]``: alpha times Delta's advantage (Delta(y_j) minus its baseline) + (1 - alpha) diversity."""
+    return alpha * advantage + (1.0 - alpha) * diversity
 
 
 def sample_weights(precision: np.ndarray, greedy: np.ndarray, distance: np.ndarray, alpha: float) -> np.ndarray:
@@ -134,14 +144,16 @@ class SequenceLevelExploration(Objective):
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         n = self.options.n_samples
-        reward = self.env.reward(self.options.reward)
-        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature)
+        reward, baseline = self.env.reward(self.options.reward), BASELINES[self.options.baseline]
+        greedy, samples = self.greedy_and_samples(model, batch, n, self.options.temperature, greedy=baseline.greedy)
         ids = batch.image_ids
         words = self.env.decode_words(samples.last_stage())
-        r_greedy = reward(ids, self.env.decode_words(greedy.last_stage()))
+        r_greedy = None if greedy is None else np.asarray(reward(ids, self.env.decode_words(greedy.last_stage())))
         r_sample = reward([i for i in ids for _ in range(n)], words).reshape(len(ids), n)
         diversity, stats = self.diversity([words[g * n:(g + 1) * n] for g in range(len(ids))])
-        weights = combine(r_sample, r_greedy, diversity, self.options.alpha)
+        advantage = baseline.advantage(r_sample, r_greedy, n).reshape(len(ids), n)
+        weights = weigh(advantage, diversity, self.options.alpha)
         weight = self.tensor(weights.reshape(-1), like=samples.logprobs)
         loss = -self.mean(weight.unsqueeze(1) * samples.logprobs[:, -1], samples.mask[:, -1])
-        return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean()), **stats}
+        greedy_stats = {} if r_greedy is None else {"reward_greedy": float(r_greedy.mean())}
+        return loss, {"reward_sample": float(r_sample.mean()), **greedy_stats, **stats}

@@ -41,13 +41,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from caprl import decoding
 from caprl.decoding import ESTIMATORS, Samples
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import Batch, ObjectiveEnv, one_of, register_objective
+from caprl.objectives.baselines import BASELINES
 from caprl.objectives.discriminative import Discriminative, TrainedListenerOptions
 from caprl.objectives.listener import disc_losses
 from caprl.registry import Registry
@@ -106,15 +106,17 @@ class StraightThrough(Discriminative):
         """The samples l_nat's REINFORCE is computed on: ST reuses its own."""
         return samples
 
-    def decode(self, model: CaptionModel, batch: Batch) -> tuple[Samples, Samples, Samples]:
-        """From one encoding: the greedy captions (eval mode, no gradient), ``n_samples`` relaxed
-        samples per image (train mode, differentiable, ``Samples.soft`` filled) and the samples
-        for l_nat (:meth:`nat_samples`)."""
+    def decode(self, model: CaptionModel, batch: Batch) -> tuple[Samples | None, Samples, Samples]:
+        """From one encoding: the greedy captions (eval mode, no gradient; None if l_nat's
+        baseline does not read them), ``n_samples`` relaxed samples per image (train mode,
+        differentiable, ``Samples.soft`` filled) and the samples for l_nat (:meth:`nat_samples`)."""
         n = self.options.n_samples
         ctx = model.encode(batch.pooled, batch.regions)
-        model.eval()
-        with torch.no_grad():
-            greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
+        greedy = None
+        if BASELINES[self.options.baseline].greedy:
+            model.eval()
+            with torch.no_grad():
+                greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
         model.train()
         rows = len(batch.image_ids) * n
         estimator = ESTIMATORS[self.estimator](self.options.tau)
@@ -130,9 +132,10 @@ class StraightThrough(Discriminative):
         d_sample = disc_losses(self.listener, samples.soft[:, -1], batch.pooled, n, lengths=caption_lengths(tokens))
         l_disc = self.caption_mean(d_sample)
         r_sample, r_greedy = self.nat_rewards(batch, greedy, nat)
-        l_nat = self.reinforce(self.host(r_sample - np.repeat(r_greedy, n), like=d_sample), nat)
+        advantage = BASELINES[self.options.baseline].advantage(r_sample, r_greedy, n)
+        l_nat = self.reinforce(self.host(advantage, like=d_sample), nat)
         loss = lam * l_disc + (1 - lam) * l_nat
-        return loss, {"reward_sample": float(r_sample.mean()), "reward_greedy": float(r_greedy.mean()),
+        return loss, {**self.nat_stats(r_sample, r_greedy),
                       "l_disc": float(l_disc.detach()), "l_nat": float(l_nat.detach())}
 
 

@@ -6,12 +6,14 @@ Each entry names one reward instance; objectives refer to it by that name::
       cider_d: {kind: cider_d}                      # option: sigma
       bcmr:    {kind: mix, weights: {bleu4: 0.25, cider_d: 0.25, meteor: 0.25, rouge_l: 0.25}}
       spider:  {kind: mix, weights: {cider_d: 0.5, spice: 0.5}}
+      clip_s:  {kind: clip_s, embedding: clip, model: openai/clip-vit-base-patch32, listener: listener,
+                prompt: A photo depicts, w: 2.5}     # Cho et al. 2022 (caprl.rewards.clip_s)
     spice:
       corenlp_dir: null    # folder of stanford-corenlp-3.6.0{,-models}.jar (or $CAPRL_CORENLP_DIR)
 
 ``kind`` is a reward factory of :mod:`caprl.rewards.registry` (``cider_d``, ``bleu1``..``bleu4``,
-``rouge_l``, ``meteor``, ``spice``) or ``mix`` (a weighted sum of factories; a ``sigma``
-option of a mix goes to its CIDEr-D component). :func:`reward_unavailable_reason` says,
+``rouge_l``, ``meteor``, ``spice``, ``clip_s``) or ``mix`` (a weighted sum of factories; a ``sigma``
+option of a mix goes to its CIDEr-D component, the embedding options to its clip_s component). :func:`reward_unavailable_reason` says,
 without starting a JVM, why a configured reward cannot run here (SPICE without the
 CoreNLP jars); :func:`build_configured_reward` builds it on top of
 :func:`caprl.rewards.registry.build_reward`.
@@ -42,18 +44,32 @@ def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
 
 
+def _string(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else f"must be a non-empty string, got {value!r}"
+
+
+def _embedding(value: Any) -> str | None:
+    from caprl.metrics.embeddings import EMBEDDINGS
+
+    return None if value in EMBEDDINGS else f"must be one of {', '.join(EMBEDDINGS)}, got {value!r}"
+
+
 def _weights(value: Any) -> str | None:
     if not isinstance(value, Mapping) or not value:
         return f"must be a non-empty mapping {{component kind: weight}}, got {value!r}"
     return None
 
 
+# clip_s: the embedding (caprl.metrics.embeddings.EmbeddingSpec) and CLIP-S's weight w
+CLIP_S_OPTIONS: dict[str, _Check] = {"embedding": _embedding, "model": _string, "listener": _string,
+                                     "prompt": _string, "w": _positive_number}
 OPTIONS: dict[str, dict[str, _Check]] = {
     **{kind: {} for kind in FACTORIES},
     "cider_d": {"sigma": _positive_number, "eos": _boolean},
-    MIX: {"weights": _weights, "sigma": _positive_number, "eos": _boolean},
+    "clip_s": CLIP_S_OPTIONS,
+    MIX: {"weights": _weights, "sigma": _positive_number, "eos": _boolean, **CLIP_S_OPTIONS},
 }
-REQUIRED: dict[str, tuple[str, ...]] = {MIX: ("weights",)}
+REQUIRED: dict[str, tuple[str, ...]] = {MIX: ("weights",), "clip_s": tuple(CLIP_S_OPTIONS)}
 
 
 def reward_config(name: str, params: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -83,6 +99,11 @@ def reward_config(name: str, params: Mapping[str, Any]) -> tuple[str, dict[str, 
             raise CaprlError(f"rewards.{name}.{key}: required for kind {kind!r}")
     if kind == MIX:
         options["weights"] = _mix_weights(name, options["weights"])
+        for component in options["weights"]:  # a mix carries the options its components require
+            missing = [key for key in REQUIRED.get(component, ()) if key not in options]
+            if missing:
+                raise CaprlError(f"rewards.{name}.{missing[0]}: required by its component {component!r} "
+                                 f"(set {', '.join(missing)})")
     return kind, options
 
 
@@ -133,13 +154,25 @@ def reward_unavailable_reason(name: str, params: Mapping[str, Any]) -> str | Non
     return f"reward '{name}'{via} needs SPICE, which is unavailable: {reason}"
 
 
+def embedding_spec(name: str, params: Mapping[str, Any]) -> Any:
+    """The :class:`caprl.metrics.embeddings.EmbeddingSpec` a configured reward's clip_s (alone or in a
+    mix) embeds with; None for a reward without clip_s."""
+    if "clip_s" not in component_kinds(name, params):
+        return None
+    from caprl.metrics.embeddings import EmbeddingSpec
+
+    return EmbeddingSpec.from_dict(reward_config(name, params)[1], f"rewards.{name}")
+
+
 def build_configured_reward(
     name: str,
     params: Mapping[str, Any],
     references: References,
     document_frequencies: DocumentFrequencies | None,
+    embeddings: Callable[[Any], Any] | None = None,
 ) -> Reward:
-    """Build the reward ``params["rewards"][name]`` describes (named ``name``).
+    """Build the reward ``params["rewards"][name]`` describes (named ``name``); ``embeddings``
+    (spec -> embedding) feeds a clip_s component.
 
     Raises CaprlError with the reason when it is unavailable here (see
     :func:`reward_unavailable_reason`).
@@ -154,7 +187,7 @@ def build_configured_reward(
         options["max_length"] = int(params["decode"]["max_length"])
     if kind == MIX:
         weights = options.pop("weights")
-        return build_mix(name, weights, references, document_frequencies, **options)
-    reward = build_reward(kind, references, document_frequencies, **options)
+        return build_mix(name, weights, references, document_frequencies, embeddings, **options)
+    reward = build_reward(kind, references, document_frequencies, embeddings, **options)
     reward.name = name
     return reward

@@ -4,8 +4,9 @@ Names: ``cider_d``, ``bleu1``..``bleu4`` (in-process, vectorised), ``rouge_l`` (
 ROUGE-L numbers with a bit-parallel LCS), ``meteor`` (pycocoevalcap's METEOR: one JVM per reward, closed by
 ``close()``), ``spice`` (official SPICE through one long-lived JVM, see
 :mod:`caprl.metrics.spice_server`; building it raises CaprlError with the reason when
-SPICE cannot run here) and weighted mixes (:data:`MIXES`): a mix is one dict entry of
-component name -> weight, and ``weights=`` overrides the default weights.
+SPICE cannot run here), ``clip_s`` (CLIP-S in an image-text embedding, :mod:`caprl.rewards.clip_s`:
+the caller passes ``embeddings=``, a function spec -> embedding) and weighted mixes (:data:`MIXES`):
+a mix is one dict entry of component name -> weight, and ``weights=`` overrides the default weights.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ MIX_COMPONENTS: dict[str, tuple[str, ...]] = {"bcmr": ("bleu4", "cider_d", "mete
 
 
 class _Context:
-    """What the components of one ``build_reward`` call share (the prepared references)."""
+    """What the components of one ``build_reward`` call share (the prepared references, and the
+    embeddings of ``clip_s``: a function spec -> embedding, or None where the caller has none)."""
 
-    def __init__(self, references: References, document_frequencies: DocumentFrequencies | None) -> None:
+    def __init__(self, references: References, document_frequencies: DocumentFrequencies | None,
+                 embeddings: Callable[[Any], Any] | None = None) -> None:
         self.references = references
         self.document_frequencies = document_frequencies
+        self.embeddings = embeddings
 
     @cached_property
     def reference_set(self) -> ReferenceSet:
@@ -178,6 +182,13 @@ def _bleu(n: int) -> Callable[[_Context], Reward]:
     return lambda context: Bleu(context.reference_set, n)
 
 
+def _clip_s(context: _Context, embedding: str, model: str, listener: str, prompt: str, w: float) -> Reward:
+    """CLIP-S (Cho et al. 2022's reward): ``w * max(cos, 0)`` in the embedding the options name."""
+    from caprl.rewards.clip_s import build_clip_s
+
+    return build_clip_s(context.embeddings, embedding, model, listener, prompt, w)
+
+
 # name -> factory(context, **options); a new reward is one entry here
 FACTORIES: dict[str, Callable[..., Reward]] = {
     "cider_d": _cider_d,
@@ -185,6 +196,7 @@ FACTORIES: dict[str, Callable[..., Reward]] = {
     "rouge_l": RougeL,
     "meteor": Meteor,
     "spice": Spice,
+    "clip_s": _clip_s,
 }
 
 
@@ -197,15 +209,17 @@ def build_reward(
     name: str,
     references: References,
     document_frequencies: DocumentFrequencies | None = None,
+    embeddings: Callable[[Any], Any] | None = None,
     **options: Any,
 ) -> Reward:
     """Build reward ``name`` over ``references`` (image id -> tokenised captions).
 
-    ``document_frequencies`` feeds CIDEr-D (None: computed from ``references``). Options:
-    ``sigma`` (cider_d), ``corenlp_dir`` (spice), ``weights`` (mixes: component -> weight;
-    a mix passes its other options to the components that take them).
+    ``document_frequencies`` feeds CIDEr-D (None: computed from ``references``); ``embeddings``
+    (spec -> embedding) feeds clip_s. Options: ``sigma`` (cider_d), ``corenlp_dir`` (spice),
+    ``embedding``, ``model``, ``listener``, ``prompt``, ``w`` (clip_s), ``weights`` (mixes:
+    component -> weight; a mix passes its other options to the components that take them).
     """
-    return _build(name, _Context(references, document_frequencies), dict(options))
+    return _build(name, _Context(references, document_frequencies, embeddings), dict(options))
 
 
 def build_mix(
@@ -213,10 +227,11 @@ def build_mix(
     weights: Mapping[str, float],
     references: References,
     document_frequencies: DocumentFrequencies | None = None,
+    embeddings: Callable[[Any], Any] | None = None,
     **options: Any,
 ) -> Mix:
     """A mix named ``name``: ``sum(weight * FACTORIES[component])`` (options as :func:`build_reward`)."""
-    return _build_mix(name, weights, _Context(references, document_frequencies), dict(options))
+    return _build_mix(name, weights, _Context(references, document_frequencies, embeddings), dict(options))
 
 
 def _accepts(factory: Callable[..., Reward]) -> set[str]:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 from caprl import io, params as params_mod
 from caprl.io import portable
 from caprl.errors import CaprlError
+from caprl.evaluation import clip_score
 from caprl.evaluation.retrieval import GENERATED, GOLD
 from caprl.registry import Registry
 from caprl.params import RunSpec
@@ -80,6 +81,28 @@ def greedy_cell(scores: dict[str, Any] | None) -> Cell:
     return Cell(None if value is None else 100.0 * value, flags=degenerate_flags(scores))
 
 
+#: The main table's columns from a score file's ``vocabulary`` section (``caprl evaluate``,
+#: :mod:`caprl.evaluation.vocabulary`): column, key, scale, decimals.
+VOCABULARY_COLUMNS = [("Vocab", "vocab_size", 1.0, 0), ("Novel %", "novel_sentences", 100.0, 1)]
+NOT_EVALUATED = "not evaluated"  # a score file written before the section existed
+
+
+def vocabulary_cells(scores: dict[str, Any] | None) -> list[Cell]:
+    """The run's vocabulary size and novel captions in %, flagged as its row; — for a missing run,
+    "not evaluated" for a score file without the ``vocabulary`` section (never a number)."""
+    section = None if scores is None else scores.get("vocabulary") or {}
+    flags = degenerate_flags(scores)
+    cells = []
+    for _, key, scale, decimals in VOCABULARY_COLUMNS:
+        if section is None:
+            cells.append(Cell(None, decimals=decimals))
+        elif key not in section:
+            cells.append(Cell(None, missing=NOT_EVALUATED, decimals=decimals))
+        else:
+            cells.append(Cell(scale * section[key], decimals=decimals, flags=flags))
+    return cells
+
+
 def unavailable_notes(scores: Scores) -> list[str]:
     reasons = {m: portable(r) for s in scores.values() for m, r in s.get("unavailable", {}).items()}
     return [f"{m}: not computed ({r})." for m, r in sorted(reasons.items())]
@@ -121,24 +144,35 @@ def not_trained_reason(params: dict[str, Any], view: RunSpec, scores: Scores) ->
 def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline."""
     greedy = bool(params["evaluate"].get("greedy"))
-    table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy)
+    clip = clip_score.table_columns(params, dataset, scores)  # CLIP-S, RefCLIP-S ("(listener)": not CLIP's)
+    table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy
+                  + [column for column, *_ in VOCABULARY_COLUMNS]
+                  + clip)
     order = {model: i for i, model in enumerate(params["models"])}
     views = dataset_runs(params, dataset)
     not_trained = []
     for view in sorted(views, key=lambda v: order.get(v.model, len(order))):  # stable: params order in a model
         cells, reason = metric_cells(scores.get(view.name)), not_trained_reason(params, view, scores)
-        cells += [greedy_cell(scores.get(view.name))] * greedy
+        cells += [greedy_cell(scores.get(view.name))] * greedy + vocabulary_cells(scores.get(view.name))
+        cells += [Cell(v, flags=degenerate_flags(scores.get(view.name)))
+                  for v in clip_score.table_values(params, dataset, scores.get(view.name), clip)]
         if reason is not None:
             cells = [Cell(None, missing=UNAVAILABLE) for _ in cells]
             not_trained.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
         table.rows.append((run_label(view, method_label(view.method)), cells))
     baseline = metric_cells(scores.get(BASELINE_RUN))
-    table.rows.append(("most frequent training caption", baseline + [baseline[CIDER]] * greedy))  # one caption: any decoder
+    table.rows.append(("most frequent training caption", baseline + [baseline[CIDER]] * greedy  # one caption: any decoder
+                       + vocabulary_cells(scores.get(BASELINE_RUN))
+                       + [Cell(None) for _ in clip]))  # not scored by CLIP-S
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing."]
     if greedy:
         table.notes.append("C greedy: CIDEr-D of the greedy captions; RL training gains most there, an XE model most "
                            "from the beam. Every run's epoch is chosen on validation by the decoding of its C column "
                            "(train.validate_with: evaluation; greedy: by C greedy's).")
+    table.notes.append(f"Vocab: distinct words of the run's test captions; Novel %: the share of them that is no "
+                       f"training caption word for word (self-critical.pytorch's vocab_size and novel_sentences); "
+                       f"{NOT_EVALUATED} = a score file written before they were.")
+    table.notes += clip_score.table_note(params, dataset, clip)
     table.notes += unavailable_notes(scores) + not_trained + kept_start_notes(views, scores)
     return table
 

@@ -23,7 +23,8 @@ without a run shows as one missing row; several runs of a kind give a row each, 
   SLL-SLE over SLL-ME (1.8) is not the table's (1.6).
 * ``sle_table4``: precision (CIDEr-D in %: rs = the mean over an image's 5 samples, sec.
   5.4; bs = the top beam's, as the paper's bs CIDEr equal its Table 2) and diversity (Div-1,
-  Div-2, mBLEU-4, fractions with 2 decimals as the paper prints them) of 5 random samples
+  Div-2, mBLEU-4, fractions with 2 decimals as the paper prints them, and Self-CIDEr, which
+  the paper does not report: :mod:`caprl.evaluation.self_cider`) of 5 random samples
   (rs) and the top 5 beams (bs) per test image, from the score file's ``diversity``
   section; a score file without it shows "not evaluated". A section written before the bs
   CIDEr-D was the top beam's (no ``settings.precision``: it holds the mean over the beams)
@@ -218,7 +219,8 @@ def sle_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
 
 #: column, key in the paper's Table 4 rows, key in the score file's diversity section, scale, decimals
 TABLE4_COLUMNS = [("CIDEr-D", "C", "CIDEr-D", 100.0, 1), ("Div-1", "Div-1", "Div-1", 1.0, 2),
-                  ("Div-2", "Div-2", "Div-2", 1.0, 2), ("mBLEU-4", "mBLEU-4", "mBLEU-4", 1.0, 2)]
+                  ("Div-2", "Div-2", "Div-2", 1.0, 2), ("mBLEU-4", "mBLEU-4", "mBLEU-4", 1.0, 2),
+                  ("Self-CIDEr", "Self-CIDEr", "Self-CIDEr", 1.0, 2)]  # not in the paper: SCP's eval_multi
 TABLE4_KEYS = [key for _, key, _, _, _ in TABLE4_COLUMNS]
 PRECISION_KEY = "CIDEr-D"  # the score-file key of the precision column (reduced per decoding)
 PRECISION_WORDS = {"mean": "the mean over the captions", "top": "the top beam's"}  # caprl.evaluation.diversity
@@ -305,7 +307,9 @@ def sle_table4(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     table.notes = [f"CIDEr-D in % (official implementation): rs = the mean over an image's {samples} samples (paper "
                    f"sec. 5.4), bs = the top beam's (the paper's bs CIDEr equal its Table 2, beam 5: the run's "
                    f"test CIDEr-D where it is decoded by beam {beams}); Div-1, Div-2 "
-                   f"(higher = more diverse) and mBLEU-4 (lower = more diverse) as fractions; rs = "
+                   f"(higher = more diverse) and mBLEU-4 (lower = more diverse) as fractions; Self-CIDEr (Wang & "
+                   f"Chan, CVPR 2019, as self-critical.pytorch's eval_multi reports it; 0 to 1, higher = more "
+                   f"diverse; not in the paper); rs = "
                    f"{DECODINGS['rs']}, bs = {DECODINGS['bs']}. — = missing run; {NOT_EVALUATED} = a score file "
                    "without the diversity section (evaluated before it existed). * = a model with attention.",
                    KIND_NOTE, _paper_note("sle_table4", dataset, 4, "MSCOCO Karpathy test, no attention")]

@@ -130,6 +130,10 @@ def regions_of(params: dict[str, Any], ds: Dataset) -> int:
         return int(features["video"]["frames"])
     if ds.bottomup:
         return 36
+    if ds.backbone == "clip":
+        from caprl.features.clip_grid import clip_grid
+
+        return clip_grid(features["clip"]) ** 2
     return int(features.get("resnet" if ds.backbone.startswith("resnet") else ds.backbone, {}).get("grid", 6)) ** 2
 
 

@@ -24,7 +24,7 @@ from caprl import io, params as params_mod
 from caprl.errors import CaprlError
 from caprl.workflow.plan import (ATTENTION_DIR, BASELINE_RUN, CAPTIONS, CURVES_DIR, CURVES_OVERVIEW, EXAMPLES, FIGURES_DIR,
                                  RESULTS, RETRIEVAL, SCORES, TABLES_DIR, Dataset, Plan, TrainJob, build_plan,
-                                 log_skipped, lookup)
+                                 embedding_args, log_skipped, lookup)
 
 log = logging.getLogger(__name__)
 
@@ -97,25 +97,30 @@ def data_args(ds: Dataset) -> list[str]:
     return ["--annotations", ds.annotations, "--vocab", ds.vocab, "--labels", ds.labels, "--features", ds.features]
 
 
-def train_stage(job: TrainJob, ds: Dataset, params: dict[str, Any]) -> Stage:
+def train_stage(job: TrainJob, ds: Dataset, params: dict[str, Any], embedding: dict[str, str]) -> Stage:
+    """``embedding``: what the embedding of the run's clip_s reward reads (:meth:`Plan.train_embedding`)."""
     return {
         "cmd": caprl("train", ds.log(f"train/{job.run}.log"), "--dataset", ds.name, "--run", job.run, *data_args(ds),
                      "--cider-df", ds.cider_df, job.init_args(), "--checkpoint", job.checkpoint,
-                     "--history", job.history, "--state-dir", job.state_dir),
-        "deps": ["src/caprl", ds.annotations, ds.vocab, ds.labels, ds.features, ds.cider_df, *job.init.values()],
+                     "--history", job.history, "--state-dir", job.state_dir, embedding_args(embedding)),
+        "deps": ["src/caprl", ds.annotations, ds.vocab, ds.labels, ds.features, ds.cider_df, *job.init.values(),
+                 *embedding.values()],
         "params": job.settings_keys(params),
         "outs": [job.checkpoint, job.history]}
 
 
-def evaluate_stage(job: TrainJob, ds: Dataset, split: str) -> Stage:
+def evaluate_stage(job: TrainJob, ds: Dataset, split: str, plan: Plan) -> Stage:
+    """``plan`` gives what CLIP-S's embedding reads (:meth:`Plan.evaluate_embedding`) and its keys."""
     captions, scores, examples = (job.result(p) for p in (CAPTIONS, SCORES, EXAMPLES))
+    embedding, keys = plan.evaluate_embedding(ds.name), plan.evaluate_settings_keys(ds.name)
     return {
         "cmd": caprl("evaluate", ds.log(f"evaluate/{job.run}.log"), "--dataset", ds.name, "--run", job.run,
                      "--checkpoint", job.checkpoint, *data_args(ds), "--refs", ds.refs(split),
-                     "--out-captions", captions, "--out-scores", scores, "--out-examples", examples),
+                     "--out-captions", captions, "--out-scores", scores, "--out-examples", examples,
+                     embedding_args(embedding)),
         "deps": ["src/caprl/evaluation", job.checkpoint, ds.refs(split), ds.annotations, ds.vocab, ds.labels,
-                 ds.features],
-        "params": ["evaluate", "decode", f"runs.{job.spec.source}"], "outs": [captions, examples],
+                 ds.features, *embedding.values()],
+        "params": [*keys, f"runs.{job.spec.source}"], "outs": [captions, examples],
         "metrics": [scores]}
 
 
@@ -143,8 +148,9 @@ def gold_retrieval_stage(job: TrainJob, ds: Dataset) -> Stage:
 def result_stages(plan: Plan, ds: Dataset) -> dict[str, Stage]:
     params, n = plan.params, ds.name
     split = params["evaluate"]["split"]
-    stages = {f"{n}-train-{job.run}": train_stage(job, ds, plan.params) for job in plan.trained(n)}
-    stages.update({f"{n}-evaluate-{job.run}": evaluate_stage(job, ds, split) for job in plan.evaluated(n)})
+    stages = {f"{n}-train-{job.run}": train_stage(job, ds, plan.params, plan.train_embedding(job))
+              for job in plan.trained(n)}
+    stages.update({f"{n}-evaluate-{job.run}": evaluate_stage(job, ds, split, plan) for job in plan.evaluated(n)})
     stages.update({f"{n}-retrieval-{job.run}": retrieval_stage(job, ds) for job in plan.retrieved(n)})
     stages.update({f"{n}-gold_retrieval-{job.run}": gold_retrieval_stage(job, ds) for job in plan.gold_retrieved(n)})
     captions, scores, examples = (p.format(dataset=n, run=BASELINE_RUN) for p in (CAPTIONS, SCORES, EXAMPLES))

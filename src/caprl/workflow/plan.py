@@ -5,7 +5,9 @@ dvc-yaml`` (:mod:`caprl.workflow.dvc`) builds the same plan and writes one DVC s
 The plan holds every path pattern of the DAG (all carry the dataset name), the enabled
 datasets, the training jobs ``(dataset, run)`` with their ``--init ROLE=PATH`` checkpoints,
 the runs that are evaluated (their objective yields a caption model), the runs whose listener
-is scored on the gold captions (their objective pre-trains one alone), the attention-figure
+is scored on the gold captions (their objective pre-trains one alone), the file CLIP-S's
+embedding reads in an evaluation or a clip_s reward (:meth:`Plan.evaluate_embedding`,
+:meth:`Plan.train_embedding`: a listener run's checkpoint, or the raw images), the attention-figure
 run of each dataset, the table files, and the runs it leaves out because their reward
 cannot run on this machine (:attr:`Plan.skipped`, with the reason; the tables show them).
 Pure Python, no file is read: ``build_plan(params)`` on a validated params dict.
@@ -147,7 +149,7 @@ class Dataset:
             reasons.append(f"datasets.{self.name}.bottomup_tsv: {', '.join(missing)} "
                            f"{'does' if len(missing) == 1 else 'do'} not exist. Put the bottom-up features there "
                            f"({BOTTOMUP_HELP}), or drop bottomup_tsv and set datasets.{self.name}.backbone to one "
-                           "caprl extracts from images (tinycnn, patches, resnet101, resnet152). See docs/real-data.md.")
+                           f"caprl extracts from images ({', '.join(_image_backbones())}). See docs/real-data.md.")
         return "\n".join(reasons) or None
 
 
@@ -204,13 +206,20 @@ class TrainJob:
         reward = spec.options.get("reward")
         if reward:
             keys += [f"rewards.{name}" for name in dict.fromkeys([reward, *reward_components(params, reward)])]
-        if self.retrieval or self.gold_retrieval:
+        if self.retrieval or self.gold_retrieval or (reward and _listener_run(params, reward)):  # sizes: listener:
             keys.append("listener")
         return keys
 
     def settings(self, params: dict[str, Any]) -> dict[str, Any]:
         """``{key: value}`` of :meth:`settings_keys` (None for a key params does not hold)."""
         return {key: lookup(params, key) for key in self.settings_keys(params)}
+
+
+def _image_backbones() -> list[str]:
+    """The backbones caprl extracts features with (the registry's names)."""
+    from caprl.features.backbones import BACKBONES
+
+    return list(BACKBONES)
 
 
 def lookup(params: dict[str, Any], key: str, missing: Any = None) -> Any:
@@ -221,6 +230,11 @@ def lookup(params: dict[str, Any], key: str, missing: Any = None) -> Any:
             return missing
         value = value[part]
     return value
+
+
+def embedding_args(files: dict[str, str]) -> str:
+    """``--embedding-listener PATH`` / ``--media-root DIR`` as a stage command takes them ("" for none)."""
+    return " ".join(f"{flag} {path}" for flag, path in files.items())
 
 
 def reward_components(params: dict[str, Any], reward: str) -> list[str]:
@@ -336,6 +350,33 @@ class Plan:
     def missing_raw(self) -> list[str]:
         return [why for ds in self.datasets.values() if (why := ds.missing_raw())]
 
+    def evaluate_embedding(self, dataset: str) -> dict[str, str]:
+        """``{flag: path}``: what CLIP-S's embedding reads in the evaluations of ``dataset``
+        (``evaluate.clip_score``, :mod:`caprl.evaluation.clip_score`); {} for embedding none, or where
+        its listener run does not train on the dataset (the score file then says CLIP-S is unavailable)."""
+        from caprl.metrics.embeddings import clip_score_settings
+
+        settings = clip_score_settings(self.params, dataset)
+        return self._embedding_files(dataset, settings.spec if settings else None)
+
+    def evaluate_settings_keys(self, dataset: str) -> list[str]:
+        """The params keys an evaluation of ``dataset`` reads besides its run's (DVC's stage params)."""
+        return ["evaluate", "decode"] + ([f"datasets.{dataset}.clip_score"]
+                                         if "clip_score" in self.params["datasets"][dataset] else [])
+
+    def train_embedding(self, job: TrainJob) -> dict[str, str]:
+        """``{flag: path}``: what the embedding of the job's clip_s reward reads ({} for none)."""
+        from caprl.rewards.config import embedding_spec
+
+        reward = job.spec.options.get("reward")
+        return self._embedding_files(job.dataset, embedding_spec(reward, self.params) if reward else None)
+
+    def _embedding_files(self, dataset: str, spec: Any) -> dict[str, str]:
+        from caprl.metrics.embeddings import stage_files
+
+        return stage_files(spec, self.datasets[dataset].media_root,
+                           lambda run: CHECKPOINT.format(dataset=dataset, run=run), lambda run: (dataset, run) in self.jobs)
+
 
 def build_plan(params: dict[str, Any]) -> Plan:
     """The plan of a validated params dict; CaprlError naming the key for a bad reference."""
@@ -376,6 +417,8 @@ def _check_runs(plan: Plan) -> None:
     init roles its method has, ``init.model`` from a run that trains a caption model, and an
     evaluation decoder that is registered and whose module the method trains, options that are the method's."""
     from caprl.decoding import DECODERS
+    from caprl.decoding import lookahead  # noqa: F401  (registers the lookahead decoder)
+    from caprl.decoding import options as decode_options
     from caprl.objectives import run_checks
 
     for (ds, _), job in plan.jobs.items():
@@ -387,10 +430,30 @@ def _check_runs(plan: Plan) -> None:
         if origin is not None:
             run_checks.refuse(run_checks.init_model_problem(spec.source, origin.spec.source, origin.spec.method,
                                                             origin.spec.init))
+        _check_reward_embedding(plan, job)
         if job.captioner:
             key = run_checks.decode_key(plan.params, job.run)
             run_checks.refuse(run_checks.name_problem(DECODERS, spec.decode["method"], key))
+            own = (plan.params["runs"].get(job.run) or {}).get("decode")  # the run's decode: over decode:
+            run_checks.refuse(decode_options.options_problem(spec.decode, f"runs.{job.run}.decode" if own else "decode"))
             run_checks.refuse(run_checks.decoder_problem(job.run, spec.method, spec.decode["method"], key))
+
+
+def _listener_run(params: dict[str, Any], reward: str) -> str | None:
+    """The run whose listener the reward's clip_s embeds with (None: no clip_s, or embedding clip)."""
+    from caprl.rewards.config import embedding_spec
+
+    spec = embedding_spec(reward, params)
+    return spec.listener if spec is not None and spec.embedding == "listener" else None
+
+
+def _check_reward_embedding(plan: Plan, job: TrainJob) -> None:
+    """A clip_s reward whose embedding is a run's listener needs that run trained on the job's dataset."""
+    reward = job.spec.options.get("reward")
+    source = _listener_run(plan.params, reward) if reward else None
+    if source is not None and (job.dataset, source) not in plan.jobs:
+        raise CaprlError(f"rewards.{reward}.listener: run {job.run} is rewarded by CLIP-S in the listener of run "
+                         f"'{source}', which does not train on dataset {job.dataset} (add it there, or name another)")
 
 
 def _check_generated(spec: dict[str, Any]) -> None:
