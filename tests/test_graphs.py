@@ -22,14 +22,16 @@ from caprl.training import graphs
 from caprl.training.distributed import Dist
 from caprl.training.loop import Preempted
 
-SIZES = {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8}
+SIZES = {"embed_size": 8, "hidden_size": 16, "att_hidden_size": 8,
+         "num_layers": 2, "d_model": 16, "heads": 2, "d_ff": 32}  # each architecture takes those it has
 DEVICE = os.environ.get("CAPRL_GPU_TEST_DEVICE", "cuda")
 
 
 def model_of(arch: str, dropout: float = 0.0, seed: int = 0) -> Any:
     torch.manual_seed(seed)
-    options = {k: v for k, v in SIZES.items() if k in {f for f in MODELS.get(arch).config_class.__dataclass_fields__}}
-    return build_model(arch, {**options, "dropout": dropout}, len(WORDS), FEAT, 3)
+    fields = MODELS.get(arch).config_class.__dataclass_fields__
+    options = {k: v for k, v in {**SIZES, "dropout": dropout, "feat_dropout": dropout}.items() if k in fields}
+    return build_model(arch, options, len(WORDS), FEAT, 3)
 
 
 def xe(model: Any, **options: Any) -> Any:

@@ -10,12 +10,16 @@ from caprl.models import MODELS, build_model
 
 SMALL = {"embed_size": 8, "hidden_size": 16, "dropout": 0.0}
 EXTRA = {"topdown": {"att_hidden_size": 8}, "softatt": {"att_hidden_size": 8},
-         "stackcap_star": {"att_hidden_size": 8, "n_fine": 2}, "stackcap": {"att_hidden_size": 8, "n_fine": 2}}
+         "stackcap_star": {"att_hidden_size": 8, "n_fine": 2}, "stackcap": {"att_hidden_size": 8, "n_fine": 2},
+         "transformer": {"num_layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "feat_dropout": 0.0,
+                         "max_positions": 17}}
 
 
 def make(arch: str, vocab: int = 11):
     torch.manual_seed(0)
-    model = build_model(arch, {**SMALL, **EXTRA.get(arch, {})}, vocab_size=vocab, feat_dim=6, n_regions=4)
+    fields = MODELS.get(arch).config_class.__dataclass_fields__  # the sizes the architecture takes
+    options = {k: v for k, v in {**SMALL, **EXTRA.get(arch, {})}.items() if k in fields}
+    model = build_model(arch, options, vocab_size=vocab, feat_dim=6, n_regions=4)
     return model.eval()
 
 

@@ -27,6 +27,8 @@ def make_model(arch: str, dropout: float = 0.0) -> Any:
         sizes["att_hidden_size"] = 7
     if "cell" in MODELS.get(arch).config_class.__dataclass_fields__:
         sizes["cell"] = "lstm"  # the random toy decodes these tests were laid out on (maxout's may end at once)
+    if "d_model" in MODELS.get(arch).config_class.__dataclass_fields__:  # the transformer: its own sizes
+        sizes = {"num_layers": 2, "d_model": 8, "heads": 2, "d_ff": 16, "dropout": dropout, "feat_dropout": dropout}
     torch.manual_seed(0)
     return build_model(arch, sizes, V, FEAT, REGIONS)
 

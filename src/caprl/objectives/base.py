@@ -30,6 +30,7 @@ from caprl.data.batch import Batch
 from caprl.decoding import Samples
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
+from caprl.objectives.schedules import LR_SCHEDULES
 from caprl.registry import Registry
 
 __all__ = ["Batch", "Objective", "ObjectiveEnv", "Options", "OBJECTIVES", "build_objective", "one_of", "register_objective"]
@@ -69,6 +70,12 @@ class Options:
     epochs: int
     lr_decay_every: int  # step decay: every group's rate times lr_decay_rate every this many epochs (0: none)
     lr_decay_rate: float
+    # the rate's schedule, a name of caprl.objectives.schedules.LR_SCHEDULES (step: the decay above;
+    # noam: SCP's NoamOpt, for the transformer), and noam's warm-up steps and factor (SCP's
+    # noamopt_warmup of configs/transformer/transformer.yml and opts.py's noamopt_factor)
+    lr_schedule: str = one_of(lambda: LR_SCHEDULES, default="step")
+    noam_warmup: int = field(default=20000, kw_only=True)
+    noam_factor: float = field(default=1.0, kw_only=True)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str) -> "Options":
@@ -95,19 +102,25 @@ class Options:
                              f"got {options.lr_decay_every}")
         if options.lr_decay_rate <= 0:
             raise CaprlError(f"{where}.lr_decay_rate: expected a positive factor, got {options.lr_decay_rate}")
+        if options.noam_warmup < 1 or options.noam_factor <= 0:
+            key = "noam_warmup" if options.noam_warmup < 1 else "noam_factor"
+            raise CaprlError(f"{where}.{key}: expected a positive number, got {getattr(options, key)!r}")
+        if options.lr_schedule != "step" and options.lr_decay_every != 0:
+            raise CaprlError(f"{where}.lr_decay_every: the step decay is lr_schedule step's; under "
+                             f"{options.lr_schedule} it must be 0, got {options.lr_decay_every}")
         options.check(where)
         return options
 
     def check(self, where: str) -> None:
         """Checks across options (subclasses add theirs; errors name the key under ``where``)."""
 
-    def lr_scale(self, epoch: int) -> float:
-        """The factor on every group's rate in (0-based) ``epoch``: ``lr_decay_rate ** (epoch //
-        lr_decay_every)``, a pure function of the epoch (a resumed run gets the same rates).
-        Self-critical.pytorch's learning_rate_decay_every / _rate (x0.8 every 3 epochs), from epoch 0."""
-        if self.lr_decay_every == 0:
-            return 1.0
-        return self.lr_decay_rate ** (epoch // self.lr_decay_every)
+    def lr_scale(self, epoch: int, step: int = 0, d_model: int | None = None) -> float:
+        """The factor on every group's rate before optimiser step ``step`` (0-based) of (0-based)
+        ``epoch``, by ``lr_schedule`` (:mod:`caprl.objectives.schedules`; ``d_model``: the model's, for
+        noam): a pure function of the position (a resumed run gets the same rates). ``step``:
+        ``lr_decay_rate ** (epoch // lr_decay_every)``, self-critical.pytorch's
+        learning_rate_decay_every / _rate (x0.8 every 3 epochs), from epoch 0."""
+        return LR_SCHEDULES.get(self.lr_schedule, where="lr_schedule")(self, epoch, step, d_model)
 
 
 def _fits(value: Any, hint: Any) -> bool:

@@ -3,8 +3,9 @@
 Resumable: the state file (``last.pt``) holds model, optimiser, RNG state and the
 position in the data (epoch, batch), written every ``train.checkpoint_every`` steps, at
 every epoch end and on SIGTERM/SIGUSR1. The order of batches and every group's learning
-rate (the objective's ``lr_decay_every`` / ``lr_decay_rate`` step decay) are pure functions
-of (seed, epoch), so a resumed run sees exactly the batches and rates an uninterrupted run would.
+rate (the objective's ``lr_schedule``: the ``lr_decay_every`` / ``lr_decay_rate`` step decay, or
+noam's per-step rate) are pure functions of (seed, epoch, step), so a resumed run sees exactly the
+batches and rates an uninterrupted run would.
 
 Best epoch: the objective's validation metric (``select``). A run that starts from other
 runs' weights (a non-empty ``init``: RL from an XE model, a value network on a frozen policy)
@@ -164,6 +165,7 @@ class Trainer:
         else:
             self.optimizer = torch.optim.Adam(groups, fused=fused)
         self.base_lrs = [float(g["lr"]) for g in groups]  # each group's rate before any decay
+        self.d_model: int | None = getattr(model.config, "d_model", None)  # noam's (caprl.objectives.schedules)
         self.starts_from_init = bool(meta.run.get("init"))  # validate the starting weights (epoch 0)
         self.pos = Position()
         self.stop = StopFlag()
@@ -236,10 +238,10 @@ class Trainer:
         return True
 
     # --- loop --------------------------------------------------------------------------
-    def lrs(self, epoch: int) -> list[float]:
-        """Every optimiser group's rate in (0-based) ``epoch``: its ``param_groups`` rate times
-        the objective's step decay (a pure function of the epoch)."""
-        scale = self.objective.options.lr_scale(epoch)
+    def lrs(self, epoch: int, step: int) -> list[float]:
+        """Every optimiser group's rate before step ``step`` (0-based) of (0-based) ``epoch``: its
+        ``param_groups`` rate times the objective's schedule (a pure function of the position)."""
+        scale = self.objective.options.lr_scale(epoch, step, self.d_model)
         return [base * scale for base in self.base_lrs]
 
     def _model_group(self) -> int:
@@ -255,13 +257,14 @@ class Trainer:
         if self.starts_from_init and self.pos.step == 0 and not self.pos.history:  # fresh, not resumed
             self._score_start()
         while self.pos.epoch < cfg.epochs and not self._out_of_patience():
-            self._set_lrs(self.lrs(self.pos.epoch))  # also after a resume mid-epoch (the state's rates are overwritten)
             order = epoch_order(train_ids, cfg.seed, self.pos.epoch)
             started = time.time()
             bar = tqdm(total=n_batches, initial=self.pos.batch, desc=f"epoch {self.pos.epoch + 1}/{cfg.epochs}",
                        leave=False, mininterval=2.0, disable=None if self.dist.main else True)
             todo = [order[b * cfg.batch_size : (b + 1) * cfg.batch_size] for b in range(self.pos.batch, n_batches)]
             for ids, loaded in self.batches(todo):
+                # before every step (noam's changes at each); also after a resume (the state's rates are overwritten)
+                self._set_lrs(self.lrs(self.pos.epoch, self.pos.step))
                 metrics = self.step(ids, loaded)
                 self.pos.epoch_losses.append(metrics["loss"])
                 self.pos.batch += 1
@@ -377,7 +380,7 @@ class Trainer:
     def _end_epoch(self, losses: list[float], seconds: float) -> None:
         val, score = self._validation()
         train_loss = float(np.mean(losses)) if losses else float("nan")
-        lr = self.lrs(self.pos.epoch)[self._model_group()]
+        lr = self.lrs(self.pos.epoch, max(self.pos.step - 1, 0))[self._model_group()]  # the epoch's last step's
         record = {"epoch": self.pos.epoch + 1, "step": self.pos.step, "train_loss": train_loss, "lr": lr,
                   "step_losses": losses, "seconds": round(seconds, 2), **{f"val_{k}": v for k, v in val.items()}}
         self.pos.history.append(record)
