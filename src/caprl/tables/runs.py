@@ -41,10 +41,23 @@ def dataset_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
     return [s for s in specs if dataset in s.datasets and is_captioner(s)]
 
 
+#: methods whose paper rows are on their own reward only (every paper's SCST row is "SCST, CIDEr")
+OWN_REWARD_ROWS = {"scst"}
+
+
 def select(params: dict[str, Any], dataset: str, *, model: str | None = None,
            method: str | None = None, arch: str | None = None) -> list[RunSpec]:
-    """The dataset's captioner runs with this model / method / model architecture (params order)."""
+    """The dataset's captioner runs with this model / method / model architecture (params order).
+    With ``method``: its paper's rows only, i.e. runs with the method's own baseline and reward
+    (``objectives.<method>``; the reward only for :data:`OWN_REWARD_ROWS`): an NSC run or an
+    embedding-rewarded SCST run is in the main table, not in a paper's SCST row."""
     models = params["models"]
+    own = params["objectives"].get(method, {}) if method is not None else {}
+
+    def paper_row(s: RunSpec) -> bool:
+        keys = ["baseline"] + (["reward"] if method in OWN_REWARD_ROWS else [])
+        return all(s.options.get(k) == own.get(k) for k in keys if k in own)
+
     return [s for s in dataset_runs(params, dataset)
-            if (model is None or s.model == model) and (method is None or s.method == method)
+            if (model is None or s.model == model) and (method is None or (s.method == method and paper_row(s)))
             and (arch is None or models[s.model].get("arch") == arch)]
