@@ -31,7 +31,7 @@ PARAMS = REPO / "params.yaml"
 # or, where none of them gives the value, the words "no source" saying so.
 CITATION = re.compile(r"sec\. ?[\d'(]|eq\. ?\d|Table \d|Fig\. ?\d|Appendix|A\.[12]\b|Algorithm \d|\bsummary\b"
                       r"|[\w-]+\.(?:py|sh|yml|md)\b|\bno source\b")
-CITED_SECTIONS = ("runs", "models", "objectives", "listener", "sweeps", "rewards", "train", "decode", "evaluate",
+CITED_SECTIONS = ("runs", "models", "objective_defaults", "objectives", "listener", "sweeps", "rewards", "train", "decode", "evaluate",
                   "features", "discriminative")
 
 

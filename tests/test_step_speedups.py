@@ -39,9 +39,13 @@ VOCAB, FEAT, REGIONS = 30, 8, 4
 
 
 def make_model(arch: str, dropout: float = 0.3) -> Any:
-    sizes = {"embed_size": 16, "hidden_size": 12, "dropout": dropout}
     cls = MODELS.get(arch, where="test")
-    if "att_hidden_size" in {f for f in cls.config_class.__dataclass_fields__}:
+    fields = set(cls.config_class.__dataclass_fields__)
+    if "d_model" in fields:  # the Transformer: its own sizes
+        sizes = {"d_model": 16, "heads": 2, "num_layers": 1, "d_ff": 24, "dropout": dropout}
+    else:
+        sizes = {"embed_size": 16, "hidden_size": 12, "dropout": dropout}
+    if "att_hidden_size" in fields:
         sizes["att_hidden_size"] = 10
     torch.manual_seed(0)
     return build_model(arch, sizes, VOCAB, FEAT, REGIONS)
