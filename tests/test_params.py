@@ -67,6 +67,19 @@ def test_a_method_gets_the_shared_defaults_unless_it_sets_its_own(write_params) 
     assert loaded["objectives"]["actor_critic"]["lr_decay_every"] == 2  # its own (paper 003: every 2 epochs)
 
 
+def test_numbers_written_without_a_dot_are_numbers(tmp_path) -> None:
+    """``1e-08`` (how JSON and Python print 1e-8; PyYAML's YAML 1.1 reads it as a string) is a float."""
+    import json
+
+    path = tmp_path / "params.yaml"
+    path.write_text(json.dumps(default_params()))  # JSON is YAML: adam_eps 1e-08
+    loaded = params_mod.load(path)
+    assert loaded["objective_defaults"]["adam_eps"] == 1e-8
+    (tmp_path / "more.yaml").write_text("objective_defaults: {adam_eps: 1e-9}\nseed: 7\nnote: '1e-3'\n")
+    merged = params_mod.read([path, tmp_path / "more.yaml"])
+    assert merged["objective_defaults"]["adam_eps"] == 1e-9 and merged["seed"] == 7
+
+
 def test_stage_refuses_bad_params_and_writes_nothing(write_params, tmp_path) -> None:
     params = default_params()
     params["vocab"]["min_count"] = "five"

@@ -270,6 +270,22 @@ def test_noam_options_are_checked() -> None:
         options.lr_scale(0, 3, None)  # a model without one (the LSTMs)
 
 
+
+def test_adam_takes_the_runs_betas_and_epsilon(tmp_path: Path) -> None:
+    """SCP's NoamOpt builds Adam with betas (0.9, 0.98) and eps 1e-9 (misc.py get_std_opt): a run's
+    adam_* options reach the trainer's optimiser; the defaults are torch's; nonsense is refused."""
+    env = ObjectiveEnv(decode_words=decode, reward=lambda name: count_red, max_length=6)
+    model = tiny()
+    default = toy_trainer(build_objective("xe", {**BASE, "epochs": 1}, env, model), model, tmp_path / "a", epochs=1)
+    assert all(g["betas"] == (0.9, 0.999) and g["eps"] == 1e-8 for g in default.optimizer.param_groups)
+    noam = build_objective("xe", {**BASE, "epochs": 1, "adam_beta2": 0.98, "adam_eps": 1e-9}, env, model)
+    trainer = toy_trainer(noam, model, tmp_path / "b", epochs=1)
+    assert all(g["betas"] == (0.9, 0.98) and g["eps"] == 1e-9 for g in trainer.optimizer.param_groups)
+    for bad, key in (({"adam_beta2": 1.0}, "adam_beta2"), ({"adam_beta1": -0.1}, "adam_beta1"),
+                     ({"adam_eps": 0.0}, "adam_eps")):
+        with pytest.raises(CaprlError, match=key):
+            build_objective("xe", {**BASE, **bad}, env, tiny(), where="runs.x")
+
 # --- CUDA graphs ------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs CUDA (a capture)")

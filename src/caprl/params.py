@@ -7,6 +7,7 @@ same file Snakemake's ``validate`` uses), so every stage checks exactly what the
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
@@ -84,11 +85,23 @@ def merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as params files are written: PyYAML's YAML 1.1 reads ``1e-08`` (no dot, as JSON and
+    Python print small numbers) as a string; here it is the float YAML 1.2 and every reader means."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _read_one(p: Path) -> dict[str, Any]:
     if not p.exists():
         raise CaprlError(f"params file not found: {p} (run from the repository root or pass --params)")
     try:
-        data = yaml.safe_load(io.read_text(p, "params file"))
+        data = yaml.load(io.read_text(p, "params file"), Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""

@@ -81,7 +81,7 @@ def media_root(wildcards):
 
 
 def synthesize_settings(wildcards):
-    entry = {k: v for k, v in config["datasets"][wildcards.dataset].items() if k not in ("vocab", "runs", "tables")}
+    entry = {k: v for k, v in config["datasets"][wildcards.dataset].items() if k not in ("vocab", "runs", "tables", "published")}
     return {"synthetic": config["synthetic"], "dataset": entry, "seed": config["seed"]}
 
 

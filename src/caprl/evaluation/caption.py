@@ -50,7 +50,7 @@ from caprl.models import CaptionModel, checkpoint
 from caprl.models.base import Batch
 from caprl.objectives import run_checks
 from caprl.objectives.value import value_from_checkpoint
-from caprl.workflow import plan as wp
+from caprl.io import layout
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def load_checkpoint(args: argparse.Namespace, params: dict[str, Any]) -> tuple[s
     (``--vocab``, or its dataset's), checked: a model of still images, trained on that vocabulary."""
     if not args.checkpoint and not (args.run and args.dataset):
         raise CaprlError("give --checkpoint, or --run and --dataset (runs/<dataset>/<run>/best.pt)")
-    path = args.checkpoint or wp.CHECKPOINT.format(dataset=args.dataset, run=args.run)
+    path = args.checkpoint or layout.CHECKPOINT.format(dataset=args.dataset, run=args.run)
     ckpt = checkpoint.load(path)
     dataset = args.dataset or ckpt.run.get("dataset") or ckpt.made_from.get("dataset")
     if not dataset:
@@ -287,7 +287,7 @@ def load_checkpoint(args: argparse.Namespace, params: dict[str, Any]) -> tuple[s
     if fmt and media_of(fmt, dataset) == "video":
         raise CaprlError(f"{path} is a video model (dataset {dataset}, format {fmt}): caprl caption captions still "
                          "images; give a run trained on an image dataset")
-    vocab_path = args.vocab or wp.VOCAB.format(dataset=dataset)
+    vocab_path = args.vocab or layout.VOCAB.format(dataset=dataset)
     if not Path(vocab_path).is_file():
         raise CaprlError(f"vocabulary not found: {vocab_path}; pass --vocab, the vocab.json the run was trained with")
     vocab = Vocab.load(vocab_path)

@@ -87,11 +87,11 @@ def thumbnail_uri(path: str | Path) -> str:
 
 def word_maps(path: str | Path, words: Sequence[str], maps: np.ndarray, grid: int) -> str:
     """Each word's attention map ``maps [words, R]`` laid over the image as Stack-Cap Fig. 3 lays
-    it (:func:`caprl.figures.attention.attention_map`, its colour map and opacity), each an
+    it (:func:`caprl.evaluation.heatmap.attention_map`, its colour map and opacity), each an
     embedded JPEG above its word."""
     from matplotlib import colormaps
 
-    from caprl.figures.attention import ALPHA, CMAP, attention_map
+    from caprl.evaluation.heatmap import ALPHA, CMAP, attention_map
 
     image = image_array(path, ATTENTION_SIDE).astype(np.float32)
     height, width = image.shape[:2]

@@ -35,11 +35,11 @@ from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.data.vocab import Vocab
 from caprl.device import default_device
 from caprl.errors import CaprlError
-from caprl.retrieval import Listener, ListenerConfig, caption_lengths, ranks_of, recall_report
+from caprl.retrieval import Listener, caption_lengths, ranks_of, recall_report
+from caprl.retrieval.load import LISTENER, load_listener, token_matrix  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-LISTENER = "listener"  # the checkpoint role of a run's listener
 OWN_LISTENER = "the run's own"  # the report's "listener": which listener ranked the captions
 GENERATED, GOLD = "generated", "gold"  # the report's "captions": which captions ranked the images
 
@@ -76,15 +76,6 @@ def encode_captions(captions: Sequence[dict[str, Any]], vocab: Vocab, where: str
     return out
 
 
-def token_matrix(rows: Sequence[Sequence[int]]) -> torch.Tensor:
-    """``[N, T]`` token ids, each row ended by 0 (the end token) and padded with 0."""
-    width = max([len(r) for r in rows] + [0]) + 1
-    out = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-    return out
-
-
 @torch.no_grad()
 def retrieval_ranks(listener: Listener, captions: Mapping[int, Sequence[int]], image_ids: Sequence[int],
                     pooled: torch.Tensor | np.ndarray, batch_size: int = 500,
@@ -111,25 +102,6 @@ def retrieval_ranks(listener: Listener, captions: Mapping[int, Sequence[int]], i
         target = torch.as_tensor([column[i] for i in chunk], device=device)
         ranks.update(zip(chunk, (int(r) for r in ranks_of(sim.cpu(), target.cpu()))))
     return ranks
-
-
-def load_listener(path: str | Path, params: dict[str, Any], vocab_size: int, feat_dim: int,
-                  vocab_sha256: str) -> Listener:
-    """The run's listener from its checkpoint (sizes: params.yaml ``listener:``)."""
-    ckpt = checkpoint.load(path, vocab_sha256=vocab_sha256)
-    if LISTENER not in ckpt.modules:
-        method = ckpt.run.get("method", "?")
-        raise CaprlError(f"{path} holds no listener (modules: {', '.join(sorted(ckpt.modules))}): "
-                         f"the run's method '{method}' has no listener to rank images with")
-    if "listener" not in params:
-        raise CaprlError("params.yaml: no listener: section (word_size, hidden_size, margin)")
-    listener = Listener(ListenerConfig.from_dict(params["listener"]), vocab_size, feat_dim)
-    try:
-        listener.load_state_dict(ckpt.module(LISTENER, where=str(path)).state)
-    except RuntimeError as exc:
-        raise CaprlError(f"{path}: its listener does not fit params.yaml listener: and the data "
-                         f"(vocabulary {vocab_size}, features {feat_dim}): {exc}") from exc
-    return listener
 
 
 def pooled_features(data: CaptionData, image_ids: list[int], batch_size: int) -> torch.Tensor:

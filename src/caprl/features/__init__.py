@@ -1,5 +1,6 @@
 """Image features: a registry of backbones, sharded extraction to HDF5, merging, a reader.
 
+* :mod:`caprl.features.base` -- the :class:`Backbone` interface and the registry (``BACKBONES``, ``@register``).
 * :mod:`caprl.features.backbones` -- ``name -> Backbone`` (``tinycnn``, ``patches``, ``resnet101``, ``resnet152``,
   ``clip``).
 * :mod:`caprl.features.clip_grid` -- ``clip``: a CLIP ViT's patch grid (transformers' ``CLIPVisionModel``).

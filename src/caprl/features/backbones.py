@@ -10,96 +10,28 @@ with attributes ``name``, ``grid`` (regions form a grid x grid map), ``dim`` (D)
 ``n_regions`` (R = grid * grid). Regions are in row-major order: region ``r`` is row
 ``r // grid`` (top to bottom), column ``r % grid`` (left to right).
 
-Adding a backbone is one class decorated with ``@register("name")``, here or in a module imported
-at the end of this one (the plan checks ``datasets.<name>.backbone`` against the registry).
+Adding a backbone is one class decorated with ``@register("name")`` (:mod:`caprl.features.base`),
+here or in a module imported at the end of this one (the plan checks ``datasets.<name>.backbone`` against the registry).
 """
 
 from __future__ import annotations
 
-import abc
-import json
 import logging
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 from caprl.errors import CaprlError
-from caprl.registry import Registry
+from caprl.features.base import (  # noqa: F401  (re-exported: the registry and interface users import from here)
+    BACKBONES, IMAGENET_MEAN, IMAGENET_STD, Backbone, _normalise, _to_tensor, build_backbone, default_device, register,
+)
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class Backbone(abc.ABC):
-    """Common interface of all backbones (see the module docstring)."""
-
-    name: ClassVar[str] = ""
-    grid: int
-    dim: int
-    n_regions: int
-
-    @classmethod
-    @abc.abstractmethod
-    def from_params(cls, features: Mapping[str, Any]) -> "Backbone":
-        """Build from the ``features`` section of params.yaml."""
-
-    @abc.abstractmethod
-    def preprocess(self, image: Image.Image) -> torch.Tensor:
-        """One PIL image (any mode) -> a float32 tensor ``[3, S, S]`` ready to batch."""
-
-    @abc.abstractmethod
-    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A preprocessed batch -> ``(pooled [B, D], regions [B, R, D])``, float32 on CPU."""
-
-    def config(self) -> dict[str, Any]:
-        """Settings that change the features (stored in the HDF5 attrs, checked on merge)."""
-        return {}
-
-    def attrs(self) -> dict[str, Any]:
-        """The HDF5 attributes describing these features."""
-        return {
-            "backbone": self.name,
-            "grid": self.grid,
-            "dim": self.dim,
-            "n_regions": self.n_regions,
-            "backbone_config": json.dumps(self.config(), sort_keys=True),
-        }
-
-
-_BackboneT = TypeVar("_BackboneT", bound=type[Backbone])
-BACKBONES: Registry[type[Backbone]] = Registry("backbone")
-
-
-def register(name: str) -> Callable[[_BackboneT], _BackboneT]:
-    """Class decorator: make a backbone available under ``name``."""
-    return BACKBONES.register_class(name)
-
-
-def build_backbone(features: Mapping[str, Any]) -> Backbone:
-    """The backbone named by ``features.backbone``, built from its params section."""
-    name = features["backbone"]
-    return BACKBONES.get(name, where="backbone").from_params(features)
-
-
-def _to_tensor(image: Image.Image, size: int, resample: Image.Resampling) -> torch.Tensor:
-    """RGB, resized to ``size`` x ``size``, as float32 ``[3, size, size]`` in [0, 1]."""
-    rgb = image.convert("RGB")
-    if rgb.size != (size, size):
-        rgb = rgb.resize((size, size), resample)
-    array = np.asarray(rgb, dtype=np.float32) / 255.0
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
-
-
-def _normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return (x - m) / s
-
+__all__ = ["BACKBONES", "Backbone", "build_backbone", "default_device", "register", "PatchesBackbone",
+           "TinyCNNBackbone", "ResNetBackbone", "ResNet101Backbone", "ResNet152Backbone", "resnet_config"]
 
 # ----------------------------------------------------------------------------- patches
 
@@ -275,11 +207,6 @@ def load_resnet(name: str, pretrained: bool) -> Any:
         ) from exc
 
 
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 class ResNetBackbone(Backbone):
     """A ResNet's last conv map: grid regions by adaptive average pooling, plus its mean.
 
@@ -343,4 +270,4 @@ class ResNet152Backbone(ResNetBackbone):
     """ResNet-152 (``microsoft/resnet-152``)."""
 
 
-from caprl.features import clip_grid  # noqa: E402,F401  (registers "clip"; imports this module's names)
+from caprl.features import clip_grid  # noqa: E402,F401  (registers "clip")

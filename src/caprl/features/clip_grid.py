@@ -44,7 +44,7 @@ import torch
 from PIL import Image
 
 from caprl.errors import CaprlError
-from caprl.features.backbones import Backbone, _normalise, default_device, register
+from caprl.features.base import Backbone, _normalise, default_device, register
 
 # openai/CLIP clip.py _transform (and every openai/clip-vit-* preprocessor_config.json)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

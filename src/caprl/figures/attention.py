@@ -26,8 +26,6 @@ import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from PIL import Image
-from scipy.ndimage import gaussian_filter
 
 from caprl import decoding, params as params_mod
 from caprl.models import checkpoint
@@ -39,22 +37,12 @@ from caprl.models import CaptionModel
 from caprl.device import default_device
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 
+from caprl.evaluation.heatmap import ALPHA, CMAP, SIGMA_CELLS, attention_map  # noqa: F401  (re-exported)
+
 log = logging.getLogger(__name__)
 
-SIGMA_CELLS = 0.5  # Gaussian smoothing, in grid cells
-ALPHA = 0.55  # opacity of the attention map over the image
-CMAP = "jet"
 PANEL_INCHES = 1.4
 STAGE_COLOURS = ["black", "purple", "red"]  # coarse, refined, final (as the paper's Fig. 3)
-
-
-def attention_map(alpha: np.ndarray, grid: int, height: int, width: int, sigma_cells: float = SIGMA_CELLS) -> np.ndarray:
-    """``[grid*grid]`` weights (row-major regions) -> ``[height, width]`` map in [0, 1], peak = 1."""
-    cells = np.asarray(alpha, dtype=np.float32).reshape(grid, grid)
-    up = np.asarray(Image.fromarray(cells).resize((width, height), Image.Resampling.NEAREST))
-    smooth = gaussian_filter(up, sigma=(sigma_cells * height / grid, sigma_cells * width / grid))
-    peak = float(smooth.max())
-    return smooth / peak if peak > 0 else smooth
 
 
 def stage_names(n_stages: int) -> list[str]:

@@ -108,7 +108,7 @@ class ListenerEmbedding:
 
     @torch.no_grad()
     def embed_texts(self, captions: Sequence[Sequence[str]]) -> torch.Tensor:
-        from caprl.evaluation.retrieval import token_matrix
+        from caprl.retrieval.load import token_matrix
 
         return self.listener.embed_captions(token_matrix([self.encode(c) for c in captions]).to(self.device))
 
@@ -135,7 +135,7 @@ def _clip(spec: EmbeddingSpec, sources: Sources) -> Embedding:
 
 
 def _listener(spec: EmbeddingSpec, sources: Sources) -> Embedding:
-    from caprl.evaluation.retrieval import load_listener
+    from caprl.retrieval.load import load_listener
     from caprl.io import provenance
     from caprl.models import checkpoint
 

@@ -76,6 +76,16 @@ class Options:
     lr_schedule: str = one_of(lambda: LR_SCHEDULES, default="step")
     noam_warmup: int = field(default=20000, kw_only=True)
     noam_factor: float = field(default=1.0, kw_only=True)
+    # Adam's moments and epsilon (torch's and SCP opts.py's optim_alpha / optim_beta / optim_epsilon
+    # defaults; SCP's NoamOpt builds its Adam with 0.9 / 0.98 / 1e-9, misc.py get_std_opt)
+    adam_beta1: float = field(default=0.9, kw_only=True)
+    adam_beta2: float = field(default=0.999, kw_only=True)
+    adam_eps: float = field(default=1e-8, kw_only=True)
+
+    @property
+    def adam(self) -> dict[str, Any]:
+        """The optimiser's keyword arguments these options set (torch.optim.Adam's betas, eps)."""
+        return {"betas": (self.adam_beta1, self.adam_beta2), "eps": self.adam_eps}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str) -> "Options":
@@ -105,6 +115,11 @@ class Options:
         if options.noam_warmup < 1 or options.noam_factor <= 0:
             key = "noam_warmup" if options.noam_warmup < 1 else "noam_factor"
             raise CaprlError(f"{where}.{key}: expected a positive number, got {getattr(options, key)!r}")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(options, key) < 1:
+                raise CaprlError(f"{where}.{key}: expected a number in [0, 1), got {getattr(options, key)!r}")
+        if options.adam_eps <= 0:
+            raise CaprlError(f"{where}.adam_eps: expected a positive number, got {options.adam_eps!r}")
         if options.lr_schedule != "step" and options.lr_decay_every != 0:
             raise CaprlError(f"{where}.lr_decay_every: the step decay is lr_schedule step's; under "
                              f"{options.lr_schedule} it must be 0, got {options.lr_decay_every}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -24,6 +25,7 @@ from caprl.evaluation.retrieval import GENERATED, GOLD
 from caprl.registry import Registry
 from caprl.params import RunSpec
 from caprl.rewards import reward_unavailable_reason
+from caprl.tables import published
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import dataset_runs, gold_retrieval_runs
 
@@ -142,7 +144,9 @@ def not_trained_reason(params: dict[str, Any], view: RunSpec, scores: Scores) ->
 
 @register_table("main")
 def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
-    """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline."""
+    """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline;
+    the published numbers of the sets the dataset lists (``datasets.<name>.published``,
+    :mod:`caprl.tables.published`) as the paper column of the runs that match their rows."""
     greedy = bool(params["evaluate"].get("greedy"))
     clip = clip_score.table_columns(params, dataset, scores)  # CLIP-S, RefCLIP-S ("(listener)": not CLIP's)
     table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy
@@ -150,7 +154,8 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
                   + clip)
     order = {model: i for i, model in enumerate(params["models"])}
     views = dataset_runs(params, dataset)
-    not_trained = []
+    not_trained: list[str] = []
+    compared: dict[str, list[str]] = {}  # published set -> "run = its row (config)", datasets.<name>.published
     for view in sorted(views, key=lambda v: order.get(v.model, len(order))):  # stable: params order in a model
         cells, reason = metric_cells(scores.get(view.name)), not_trained_reason(params, view, scores)
         cells += [greedy_cell(scores.get(view.name))] * greedy + vocabulary_cells(scores.get(view.name))
@@ -159,6 +164,10 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
         if reason is not None:
             cells = [Cell(None, missing=UNAVAILABLE) for _ in cells]
             not_trained.append(f"{view.name}: {UNAVAILABLE}, not trained here: {reason}.")
+        found = published.match(params, dataset, view)
+        if found is not None:
+            cells = [replace(c, paper=found[2].numbers.get(column)) for c, column in zip(cells, table.columns)]
+            compared.setdefault(found[0], []).append(f"{view.name} = {found[2].label} ({found[2].config})")
         table.rows.append((run_label(view, method_label(view.method)), cells))
     baseline = metric_cells(scores.get(BASELINE_RUN))
     table.rows.append(("most frequent training caption", baseline + [baseline[CIDER]] * greedy  # one caption: any decoder
@@ -173,8 +182,24 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
                        f"training caption word for word (self-critical.pytorch's vocab_size and novel_sentences); "
                        f"{NOT_EVALUATED} = a score file written before they were.")
     table.notes += clip_score.table_note(params, dataset, clip)
+    table.notes += published_notes(params, dataset, compared)
     table.notes += unavailable_notes(scores) + not_trained + kept_start_notes(views, scores)
     return table
+
+
+def published_notes(params: dict[str, Any], dataset: str,
+                    compared: dict[str, list[str]]) -> list[str]:
+    """What the paper column holds: per published set the dataset lists (``datasets.<name>.published``),
+    its source and conditions and the row each run is compared with, or that no run matches one."""
+    notes = []
+    for name, found in published.dataset_sets(params, dataset):
+        runs = compared.get(name)
+        what = (f"(paper x, ±d): {found.source}: {found.setting}; and our difference. Compared: {'; '.join(runs)}."
+                if runs else f"{found.source} ({name}): no run here matches one of its rows (its conditions: "
+                             f"{found.dataset} {found.split} split, backbone {found.backbone}, "
+                             f"{', '.join(f'{k} {v}' for k, v in found.decode.items())}).")
+        notes.append(what)
+    return notes
 
 
 def load_scores(results_dir: Path, runs: list[str], dataset: str | None = None,

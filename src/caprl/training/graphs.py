@@ -40,11 +40,12 @@ log = logging.getLogger(__name__)
 StepFn = Callable[[Batch], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
 
-def capturable_adam(groups: list[dict[str, Any]], device: torch.device, fused: bool | None) -> torch.optim.Adam:
+def capturable_adam(groups: list[dict[str, Any]], device: torch.device, fused: bool | None,
+                    **adam: Any) -> torch.optim.Adam:
     """Adam whose step a CUDA graph can capture: ``capturable`` and every group's rate a 0-d tensor
-    on ``device`` (what a captured step reads at each replay)."""
+    on ``device`` (what a captured step reads at each replay); ``adam``: betas, eps."""
     groups = [{**g, "lr": torch.tensor(float(g["lr"]), device=device)} for g in groups]
-    return torch.optim.Adam(groups, fused=fused, capturable=True)
+    return torch.optim.Adam(groups, fused=fused, capturable=True, **adam)
 
 
 def set_lr(group: dict[str, Any], lr: float) -> None:

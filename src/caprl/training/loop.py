@@ -159,11 +159,11 @@ class Trainer:
         self.graphed: graphs.GraphedStep | None = None  # the whole step as a CUDA graph, where it can be
         if (config.cuda_graphs and self.dist.device.type == "cuda" and not self.dist.active and config.amp == "none"
                 and not objective.turns and type(objective).fixed_step is not Objective.fixed_step):
-            self.optimizer = graphs.capturable_adam(groups, self.dist.device, fused)
+            self.optimizer = graphs.capturable_adam(groups, self.dist.device, fused, **objective.options.adam)
             self.graphed = graphs.graphed_step(objective, model, self.optimizer, self.clipped, config.grad_clip,
                                                self.dist.device)
         else:
-            self.optimizer = torch.optim.Adam(groups, fused=fused)
+            self.optimizer = torch.optim.Adam(groups, fused=fused, **objective.options.adam)
         self.base_lrs = [float(g["lr"]) for g in groups]  # each group's rate before any decay
         self.d_model: int | None = getattr(model.config, "d_model", None)  # noam's (caprl.objectives.schedules)
         self.starts_from_init = bool(meta.run.get("init"))  # validate the starting weights (epoch 0)

@@ -20,7 +20,8 @@ Jobs are :func:`caprl.workflow.plan.build_plan`'s (the Snakefile's), named as Sn
   the architecture's factor; the method's work per image over the family's at the reference
   (decode passes of one caption: XE 3 per gold caption, SCST 1 + 3 per sample, ...: the
   ``methods:`` table); for attention models 1 + k (R / 36 - 1) for R regions (k measured); and
-  ``(hidden / 512) ** 2`` (quadratic in the hidden size; on the GPU at least 1: the measured
+  ``(hidden / 512) ** 2`` (quadratic in the hidden size, :func:`model_hidden`: the transformer's
+  d_model; on the GPU at least 1: the measured
   H100 steps are bound by kernel launches, not arithmetic, so a smaller model is no faster).
   Between measured batches the time is linear in the batch, beyond them linear along the two
   outermost points. With no H100 figure: the CPU figure at batch 50 over the CPU / H100 ratio of
@@ -137,6 +138,16 @@ def regions_of(params: dict[str, Any], ds: Dataset) -> int:
     return int(features.get("resnet" if ds.backbone.startswith("resnet") else ds.backbone, {}).get("grid", 6)) ** 2
 
 
+def model_hidden(model: dict[str, Any]) -> int:
+    """The hidden size of a ``models:`` entry as its architecture's config reads it (defaults filled in):
+    the LSTMs' ``hidden_size``, the transformer's ``d_model`` (``TransformerConfig.hidden_size``)."""
+    from caprl.models import MODELS
+
+    config = MODELS.get(model["arch"]).config_class.from_dict({k: v for k, v in model.items() if k != "arch"},
+                                                              "models")
+    return int(config.hidden_size)
+
+
 @dataclass
 class Row:
     job: str  # as Snakemake names it: rule dataset[/run or shard or table]
@@ -215,7 +226,7 @@ class Estimator:
         m, a, notes = self.lookup(spec.method, model["arch"])
         work = self.work(m["work"], spec.options, sizes.captions) * m.get("factor", 1.0) / self.ref_work(m["like"])
         ms, basis = self.base_ms(m["like"], a["like"], batch)
-        ms *= a["factor"] * work * self.size_factor(model["hidden_size"], regions, m["like"], a["attention"])
+        ms *= a["factor"] * work * self.size_factor(model_hidden(model), regions, m["like"], a["attention"])
         if abs(work - 1) > 1e-9:
             notes.append(f"work {work:.2g} x {m['like']}")
         if a["attention"] and regions != self.ref["regions"]:
@@ -235,7 +246,7 @@ class Estimator:
         """Peak MiB (an estimate: the rule in the module's docstring)."""
         rss = self.points("cpu", family, arch["like"], "rss_mib") or self.points("cpu", "scst", "topdown", "rss_mib")
         lo, hi = sorted(rss)[:2]
-        slope, h = (rss[hi] - rss[lo]) / (hi - lo), model["hidden_size"]
+        slope, h = (rss[hi] - rss[lo]) / (hi - lo), model_hidden(model)
         act = slope * batch * work * h / self.ref["hidden"] / (1 if training else self.ref["max_length"])
         if not self.gpu:
             return rss[lo] - slope * lo + act
@@ -313,7 +324,7 @@ def _train_row(est: Estimator, job: TrainJob, sizes: Sizes, regions: int, feat_d
     turns = max(1, len(OBJECTIVES.get(spec.method).turns or ())) if spec.method in OBJECTIVES else 1
     steps = spec.options["epochs"] * math.ceil(sizes.train / batch) * turns  # one update per turn
     validations = spec.options["epochs"] + (1 if spec.init else 0)
-    total_ms = steps * ms + validations * sizes.val * est.decode_ms(model["arch"], model["hidden_size"], regions)[0]
+    total_ms = steps * ms + validations * sizes.val * est.decode_ms(model["arch"], model_hidden(model), regions)[0]
     m, a, _ = est.lookup(spec.method, model["arch"])
     return Row(f"train {job.dataset}/{job.run}", "train", job.dataset, job.run, "tuning" if job.tuning else "all_tables",
                True, steps, total_ms * gpus / 3.6e6,
@@ -338,7 +349,7 @@ def _eval_row(est: Estimator, job: TrainJob, sizes: Sizes, regions: int, feat_di
               units: float) -> Row:
     model, batch = est.params["models"][job.spec.model], est.params["evaluate"]["batch_size"]
     images = {"train": sizes.train, "val": sizes.val, "test": sizes.test}[est.params["evaluate"]["split"]]
-    unit_ms, basis = est.decode_ms(model["arch"], model["hidden_size"], regions)
+    unit_ms, basis = est.decode_ms(model["arch"], model_hidden(model), regions)
     _, a, _ = est.lookup("scst", model["arch"])
     mem = est.memory("scst", a, model, batch, units / est.ref_work("scst"), sizes.vocab, feat_dim, training=False)
     return Row(f"{rule} {job.dataset}/{job.run}", rule, job.dataset, job.run, "all_tables", True,

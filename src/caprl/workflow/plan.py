@@ -20,6 +20,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from caprl.io.layout import (  # noqa: F401  (re-exported: the Snakefile, DVC and stages read wp.<NAME>)
+    RAW_LOGS, ANNOTATIONS, VOCAB, LABELS, CIDER_DF, REFS, SHARD_DIR, SHARD, FEATURES, CHECKPOINT, HISTORY,
+    STATE_DIR, RESULTS, CAPTIONS, SCORES, EXAMPLES, RETRIEVAL, FIGURES_DIR, PSST_FIGURES, PSST_PNG,
+    ATTENTION_DIR, ATTENTION_PNG, CURVES_DIR, CURVES_PNG, CURVES_CSV, CURVES_OVERVIEW, TABLES_DIR, TABLE,
+    TABLE_FORMATS, TUNING,
+)
 from caprl import params as params_mod
 from caprl.errors import CaprlError
 from caprl.params import BOTTOMUP, RunSpec
@@ -41,38 +47,6 @@ BOTTOMUP_HELP = ("trainval_36.zip from https://github.com/peteanderson80/bottom-
                  "trainval_36/trainval_resnet101_faster_rcnn_genome_36.tsv. caprl download does not fetch it")
 # files a raw format reads beside its raw file (TGIF's official split lists)
 RAW_SIDE_FILES = {"tgif": ("train.txt", "val.txt", "test.txt")}
-RAW_LOGS = "logs/{dataset}"
-ANNOTATIONS = "data/{dataset}/annotations.json"
-VOCAB = "data/{dataset}/vocab.json"
-LABELS = "data/{dataset}/labels.h5"
-CIDER_DF = "data/{dataset}/cider_df.json"
-REFS = "data/{dataset}/refs_{split}.json"
-SHARD_DIR = "data/{dataset}/features/{backbone}"
-SHARD = "data/{dataset}/features/{backbone}/shard{shard}.h5"
-FEATURES = "data/{dataset}/features_{backbone}.h5"
-CHECKPOINT = "runs/{dataset}/{run}/best.pt"
-HISTORY = "runs/{dataset}/{run}/history.json"
-STATE_DIR = "runs/{dataset}/{run}/state"
-RESULTS = "results/{dataset}"
-CAPTIONS = "results/{dataset}/{run}/captions.json"
-SCORES = "results/{dataset}/{run}/scores.json"
-EXAMPLES = "results/{dataset}/{run}/examples.json"
-RETRIEVAL = "results/{dataset}/{run}/retrieval.json"
-FIGURES_DIR = "results/figures/{dataset}"
-PSST_FIGURES = ("psst_fig3", "psst_fig4")  # paper 004's Fig. 3 and Fig. 4
-PSST_PNG = "results/figures/{dataset}/{figure}.png"
-ATTENTION_DIR = "results/figures/{dataset}/attention"
-ATTENTION_PNG = "results/figures/{dataset}/attention/attention_{k}.png"
-# `caprl curves`, per dataset: every trained run's learning curves (PNG) and their series (CSV:
-# dataset, run, epoch, train_loss, val_cider), and the validation CIDEr-D of every run in one PNG
-CURVES_DIR = "results/figures/{dataset}/curves"
-CURVES_PNG = "results/figures/{dataset}/curves/{run}.png"
-CURVES_CSV = "results/figures/{dataset}/curves/{run}.csv"
-CURVES_OVERVIEW = "results/figures/{dataset}/curves_val_cider.png"
-TABLES_DIR = "results/tables"
-TABLE = "results/tables/{dataset}_{table}.{ext}"
-TABLE_FORMATS = ("md", "csv", "tex")
-TUNING = "results/tuning/{dataset}.{ext}"  # `caprl tune-report`: every tuning point's validation score, the choice
 BASELINE_RUN = "most-frequent"
 CPU_BACKBONES = ("patches", "tinycnn")  # the built-in cheap backbones: their feature jobs ask for no GPU
 # Stack-Cap Fig. 3 is drawn from the first (enabled, not skipped) run of this method and arch.
@@ -383,6 +357,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
     from caprl.data.readers import build_reader, check_datasets
     from caprl.features.backbones import BACKBONES
     from caprl.objectives import run_checks
+    from caprl.tables import published
 
     params = params_mod.resolve(params)
     params_mod.check(params)
@@ -394,6 +369,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
         if spec["backbone"] != BOTTOMUP:  # (bottomup: converted from TSVs, checked with its files)
             run_checks.refuse(run_checks.name_problem(BACKBONES, spec["backbone"], f"datasets.{name}.backbone"))
         _check_generated(spec)
+        published.check_dataset(params, name)  # datasets.<name>.published: registered sets of this dataset
         datasets[name] = Dataset(name, spec["format"], spec["raw"], spec["media_root"], spec["generate"],
                                  spec["backbone"], tuple(spec.get("bottomup_tsv", ())))
     specs = {run: params_mod.run_spec(params, run) for run in params["runs"]}
