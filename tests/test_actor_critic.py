@@ -291,12 +291,15 @@ def test_lookahead_picks_the_word_the_value_network_favours() -> None:
 
 
 # --- evaluation --------------------------------------------------------------------------------
-def eval_params(**lookahead: Any) -> dict[str, Any]:
-    return {"runs": {"fc-ac": {"method": "actor_critic", "model": "fc"},
-                     "fc-ac2": {"method": "actor_critic", "model": "fc", "decode": {"method": "lookahead"}}},
-            "evaluate": {"batch_size": 3, "metrics": ["bleu", "cider_d"], "n_examples": 2,
-                         **({"lookahead": lookahead} if lookahead else {})},
-            "spice": {"corenlp_dir": None}}
+def eval_settings(**lookahead: Any) -> Any:
+    from caprl.evaluation.settings import EvalSettings
+    from conftest import default_params
+
+    params = default_params()
+    params["evaluate"].update(batch_size=3, metrics=["bleu", "cider_d"], n_examples=2)
+    params["evaluate"].pop("lookahead")
+    params["evaluate"].update({"lookahead": lookahead} if lookahead else {})
+    return EvalSettings.from_params(params)
 
 
 def test_the_evaluation_scores_lookahead_captions_into_their_section() -> None:
@@ -305,19 +308,25 @@ def test_the_evaluation_scores_lookahead_captions_into_their_section() -> None:
     model, ac, _ = make("actor_critic")
     data, ids = ToyData(), ToyData().split_ids("val")
     references = {i: [" ".join(WORDS[t] for t in CAPTIONS[i % 4] if t), "a shape"] for i in ids}
-    params, decode = eval_params(lam=0.4, candidates=3), {"beam_size": 2, "max_length": 6}
-    report = lookahead_report(model, ac.value, data, ids, references, params, decode)
+    settings, decode = eval_settings(lam=0.4, candidates=3), {"beam_size": 2, "max_length": 6}
+    report = lookahead_report(model, ac.value, data, ids, references, settings, decode)
     assert {k: report[k] for k in ("lambda", "candidates", "beam_size")} == {"lambda": 0.4, "candidates": 3,
                                                                               "beam_size": 2}
     assert {"BLEU-3", "BLEU-4", "CIDEr-D"} <= set(report["metrics"]) and len(report["examples"]) == 2
     direct = decoded_captions(model, data, ids, "lookahead", 3, beam_size=2, max_length=6,
-                              **decoder_settings(params, "fc-ac", "lookahead", ac.value))
+                              **decoder_settings(settings, "decode.method", "fc-ac", "lookahead", ac.value))
     assert report["examples"][0]["caption"] == direct[ids[0]]
     with pytest.raises(CaprlError, match=r"runs\.fc-ac2\.decode\.method: .*run fc-ac2 holds none"):
-        decoder_settings(params, "fc-ac2", "lookahead", None)
+        decoder_settings(settings, "runs.fc-ac2.decode.method", "fc-ac2", "lookahead", None)
     with pytest.raises(CaprlError, match=r"^decode\.method: .*fc-ac.*evaluate\.lookahead"):
-        decoder_settings(eval_params(), "fc-ac", "lookahead", ac.value)
-    assert decoder_settings(params, "fc-ac", "beam", None) == {}
+        decoder_settings(eval_settings(), "decode.method", "fc-ac", "lookahead", ac.value)
+    assert decoder_settings(settings, "decode.method", "fc-ac", "beam", None) == {}
+    from caprl.objectives import run_checks  # the key a caller names: the run's own decode.method, else the global
+
+    runs = {"runs": {"fc-ac": {"method": "actor_critic", "model": "fc"},
+                     "fc-ac2": {"method": "actor_critic", "model": "fc", "decode": {"method": "lookahead"}}}}
+    assert [run_checks.decode_key(runs, r) for r in ("fc-ac", "fc-ac2")] == ["decode.method",
+                                                                           "runs.fc-ac2.decode.method"]
 
 
 # --- Table 1 ---------------------------------------------------------------------------------------

@@ -318,20 +318,22 @@ def test_evaluation_passes_decode_options_to_its_decoders_and_shares_beams_only_
     import types
 
     from caprl.evaluation.run import option_settings, shares_the_beams
+    from caprl.evaluation.settings import EvalSettings
     from conftest import default_params
 
     params = default_params()
+    settings = EvalSettings.from_params(params)
     data = types.SimpleNamespace(vocab=types.SimpleNamespace(idx_to_word=["<eos>", "a", "UNK"]))
     decode = dict(params["decode"])
-    assert option_settings(params, decode, "beam", data, torch.device("cpu")) == {}
-    assert shares_the_beams(params, {**decode, "beam_size": params["evaluate"]["diversity"]["beams"]})
+    assert option_settings(settings, decode, "beam", data, torch.device("cpu")) == {}
+    assert shares_the_beams(settings, {**decode, "beam_size": params["evaluate"]["diversity"]["beams"]})
     decode.update(block_trigrams=True, length_penalty="wu", length_alpha=0.7)
-    got = option_settings(params, decode, "beam", data, torch.device("cpu"))
+    got = option_settings(settings, decode, "beam", data, torch.device("cpu"))
     assert got["block_trigrams"] and got["length_penalty"] == "wu" and got["words"] == ["<eos>", "a", "UNK"]
     assert "top_p" not in got  # a beam search reads no sampling option
-    assert not shares_the_beams(params, {**decode, "beam_size": params["evaluate"]["diversity"]["beams"]})
-    greedy = option_settings(params, decode, "greedy", data, torch.device("cpu"))
+    assert not shares_the_beams(settings, {**decode, "beam_size": params["evaluate"]["diversity"]["beams"]})
+    greedy = option_settings(settings, decode, "greedy", data, torch.device("cpu"))
     assert set(greedy) == {"block_trigrams", "suppress_unk", "remove_bad_endings", "words"}
-    sample = option_settings(params, {**params["decode"], "method": "sample", "top_p": 0.9}, "sample", data,
+    sample = option_settings(settings, {**params["decode"], "method": "sample", "top_p": 0.9}, "sample", data,
                              torch.device("cpu"))
     assert sample["top_p"] == 0.9 and sample["generator"].initial_seed() == params["seed"]

@@ -89,25 +89,29 @@ def test_greedy_report_is_the_official_cider_d_of_the_greedy_captions() -> None:
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
     from caprl.evaluation.run import decoded_captions, greedy_report
+    from caprl.evaluation.settings import EvalSettings
     from caprl.models import build_model
+    from conftest import default_params
     from toy import FEAT, WORDS, ToyData
 
     torch.manual_seed(0)
     model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0, "cell": "lstm"}, len(WORDS), FEAT,
                         3).eval()  # a random tanh model says words greedily; the maxout one may end at once
     data, ids = ToyData(), ToyData().split_ids("val")
-    params = {"evaluate": {"batch_size": 3}, "decode": {"max_length": 6}}
+    params = default_params()
+    params["evaluate"]["batch_size"], params["decode"]["max_length"] = 3, 6
+    settings = EvalSettings.from_params(params)
     greedy = decoded_captions(model, data, ids, "greedy", 3, max_length=6)
     others = ["a red circle", "a blue square", "a red square"]
     references = {i: others[: 1 + k % 3] + [greedy[i]] * (k % 2) for k, i in enumerate(ids)}  # half say it
-    report = greedy_report(model, data, ids, references, params)
+    report = greedy_report(model, data, ids, references, settings)
     gts = PTBTokenizer().tokenize({i: [{"caption": r} for r in references[i]] for i in ids})
     res = PTBTokenizer().tokenize({i: [{"caption": greedy[i]}] for i in ids})
     official = Cider().compute_score(gts, res)[0]
     assert official > 0.1 and report == {"metrics": {"CIDEr-D": pytest.approx(official, abs=1e-9)}}
     given = {i: "a red circle" for i in ids}  # the main decoding's greedy captions: scored as given
     res = PTBTokenizer().tokenize({i: [{"caption": given[i]}] for i in ids})
-    assert greedy_report(model, data, ids, references, params, given)["metrics"]["CIDEr-D"] == pytest.approx(
+    assert greedy_report(model, data, ids, references, settings, given)["metrics"]["CIDEr-D"] == pytest.approx(
         Cider().compute_score(gts, res)[0], abs=1e-9) != pytest.approx(official)
 
 
@@ -116,15 +120,19 @@ def test_the_bs_set_is_the_evaluations_own_beam_search_when_the_widths_match() -
     captions as the beam decoder, the same bs set as its own top-k search (issue 21: no repeated work)."""
     from caprl import decoding
     from caprl.evaluation.run import decoded_captions, decoded_sets, diversity_sets, shares_the_beams
+    from caprl.evaluation.settings import EvalSettings
     from caprl.models import build_model
+    from conftest import default_params
     from toy import FEAT, WORDS, ToyData
 
     torch.manual_seed(0)
     model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.0, "cell": "lstm"}, len(WORDS), FEAT,
                         3).eval()  # a random tanh model says words greedily; the maxout one may end at once
     data, ids = ToyData(), ToyData().split_ids("val")
-    params = {"seed": 3, "evaluate": {"batch_size": 3, "diversity": {"samples": 2, "beams": 3}},
-              "decode": {"max_length": 6}}
+    params = default_params()
+    params["seed"], params["evaluate"]["batch_size"], params["decode"]["max_length"] = 3, 3, 6
+    params["evaluate"]["diversity"].update(samples=2, beams=3)
+    params = EvalSettings.from_params(params)
     decode = {"method": "beam", "beam_size": 3, "max_length": 6}
     assert shares_the_beams(params, decode)
     assert not shares_the_beams(params, {**decode, "beam_size": 2})

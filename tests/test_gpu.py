@@ -154,8 +154,12 @@ def test_evaluation_runs_on_cuda(gpu_data: Any) -> None:
     assert sorted(captions) == sorted(ids)
     assert next(model.parameters()).device.type == DEVICE
     # the diversity decodings (seeded random samples, top beams) on the GPU, twice: the same sets
-    params = {"seed": 3, "decode": {"max_length": 8},
-              "evaluate": {"batch_size": 7, "diversity": {"samples": 3, "beams": 3, "examples": 2}}}
-    first, again = (diversity_sets(model, loaded, ids, params) for _ in range(2))
+    from caprl.evaluation.settings import EvalSettings
+    from conftest import default_params
+
+    params = default_params()
+    params["seed"], params["decode"]["max_length"], params["evaluate"]["batch_size"] = 3, 8, 7
+    params["evaluate"]["diversity"].update(samples=3, beams=3, examples=2)
+    first, again = (diversity_sets(model, loaded, ids, EvalSettings.from_params(params)) for _ in range(2))
     assert first == again
     assert all(sorted(sets) == sorted(ids) and all(len(c) == 3 for c in sets.values()) for sets in first.values())

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from caprl import params as params_mod
 from caprl.errors import CaprlError
@@ -239,3 +240,26 @@ def test_a_sweep_naming_an_unknown_list_or_option_is_an_error() -> None:
     params["runs"]["fc-scst"]["sweep"] = {"alpha": [0.5]}
     with pytest.raises(CaprlError, match="objectives.scst has no option 'alpha'"):
         params_mod.check(params_mod.expand_sweeps(params))
+
+
+def test_an_evaluation_job_reads_every_evaluate_setting_through_its_typed_settings() -> None:
+    """``caprl evaluate`` resolves params once into :class:`EvalSettings`: every key of the schema's
+    ``evaluate:`` is a field (clip_score: its own module's), the schema requires each one it reads
+    without a default (evaluate.greedy too), and the settings are params.yaml's values."""
+    import dataclasses
+
+    from caprl.evaluation.settings import EvalSettings
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/params.schema.yaml").read_text())
+    evaluate = schema["properties"]["evaluate"]
+    fields = {f.name for f in dataclasses.fields(EvalSettings)}
+    assert set(evaluate["properties"]) - {"clip_score"} <= fields
+    assert set(evaluate["required"]) == set(evaluate["properties"]) - {"lookahead", "clip_score"}
+    params = default_params()
+    settings = EvalSettings.from_params(params)
+    assert settings.greedy is params["evaluate"]["greedy"] and settings.lookahead is not None
+    assert (settings.lookahead.lam, settings.diversity.beams, settings.max_length) == (
+        params["evaluate"]["lookahead"]["lam"], params["evaluate"]["diversity"]["beams"], params["decode"]["max_length"])
+    del params["evaluate"]["greedy"]
+    with pytest.raises(CaprlError, match="evaluate.*greedy"):
+        params_mod.validate(params, REPO / params_mod.SCHEMA_RELPATH)

@@ -43,6 +43,7 @@ from caprl.device import default_device
 from caprl.errors import CaprlError
 from caprl.evaluation import caption_page
 from caprl.evaluation.run import decoder_settings, run_decode
+from caprl.evaluation.settings import EvalSettings
 from caprl.data.readers import media_of
 from caprl.features.backbones import Backbone, ResNetBackbone, build_backbone
 from caprl.io import provenance
@@ -301,8 +302,9 @@ def load_checkpoint(args: argparse.Namespace, params: dict[str, Any]) -> tuple[s
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
-    torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    captured.set_enabled(params["train"].get("cuda_graphs", False))
+    settings = EvalSettings.from_params(params)  # every setting this job reads, resolved once
+    torch.set_num_threads(settings.num_threads)
+    captured.set_enabled(settings.cuda_graphs)
     ckpt_path, ckpt, vocab = load_checkpoint(args, params)
     run = args.run or str(ckpt.run.get("name") or "")
     trained = trained_features(ckpt_path, ckpt.made_from, args.features, args.backbone)
@@ -310,7 +312,7 @@ def main(args: argparse.Namespace) -> None:
     decode = decode_settings(params, run, ckpt.run, args.method, args.beam_size, args.decode, args.params)
     if ckpt.run.get("method"):  # what `caprl evaluate` refuses too
         run_checks.refuse(run_checks.decoder_problem(run, ckpt.run["method"], decode["method"], "decode.method"))
-    batch_size = args.batch_size or params["evaluate"]["batch_size"]
+    batch_size = args.batch_size or settings.batch_size
     if batch_size < 1:
         raise CaprlError(f"--batch-size {batch_size}: give at least 1 image per batch")
     device = torch.device(args.device) if args.device else default_device()
@@ -322,14 +324,15 @@ def main(args: argparse.Namespace) -> None:
     value = value_from_checkpoint(ckpt, where=ckpt_path)
     value = value.to(device).eval() if value is not None else None
 
-    torch.manual_seed(params["seed"])  # a sampling decoder gives the same captions on every run
+    torch.manual_seed(settings.seed)  # a sampling decoder gives the same captions on every run
     files, skipped = readable_images(find_images(args.images))
     if not files:
         raise CaprlError(f"--images {' '.join(args.images)}: none of the {len(skipped)} files is a readable image")
     log.info("%d images (%d skipped), run %s, backbone %s, decode %s", len(files), len(skipped), run or "?",
              backbone.name, decode)
     captions = caption_images(model, ImageFeatures(files, backbone), vocab, decode, batch_size,
-                              decoder_settings(params, run, decode["method"], value))
+                              decoder_settings(settings, run_checks.decode_key(params, run), run, decode["method"],
+                                               value))
     made_by = {"checkpoint": str(ckpt_path), "run": run, "dataset": ckpt.run["dataset"],
                "method": ckpt.run.get("method"), "model": ckpt.run.get("model"),
                "backbone": {"name": backbone.name, "settings": trained["settings"]}, "decode": decode,

@@ -44,6 +44,7 @@ from caprl.evaluation.clip_score import SECTION as CLIP_SCORE, clip_score_report
 from caprl.metrics.embeddings import EmbeddingInputs, add_embedding_arguments
 from caprl.evaluation.diversity import TABLE4_PRECISION, official_cider_d, set_scores
 from caprl.evaluation.report import score_and_record
+from caprl.evaluation.settings import EvalSettings
 from caprl.evaluation.vocabulary import caption_stats, training_captions
 from caprl.metrics.official import ptb_tokenize, shared_scorer
 from caprl.metrics.score_cli import load_references
@@ -89,44 +90,42 @@ def decoded_captions(model: CaptionModel, data: CaptionData, image_ids: list[int
     return {i: " ".join(caps[0]) for i, caps in sets.items()}
 
 
-def diversity_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], params: dict[str, Any],
+def diversity_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], settings: EvalSettings,
                    bs: dict[int, list[list[str]]] | None = None) -> dict[str, dict[int, list[list[str]]]]:
     """Paper 002's two caption sets per image: ``samples`` random samples (rs, seeded from
     ``seed``, so reruns agree) and the top ``beams`` beams (bs; ``bs`` when the evaluation's own
     beam search gave them already), on the model's device."""
-    settings = params["evaluate"]["diversity"]
-    batch_size, max_length = params["evaluate"]["batch_size"], params["decode"]["max_length"]
-    torch.manual_seed(params["seed"])
-    rs = decoded_sets(model, data, image_ids, "sample", batch_size, n=settings["samples"], max_length=max_length)
+    div, batch_size, max_length = settings.diversity, settings.batch_size, settings.max_length
+    torch.manual_seed(settings.seed)
+    rs = decoded_sets(model, data, image_ids, "sample", batch_size, n=div.samples, max_length=max_length)
     if bs is None:
-        bs = decoded_sets(model, data, image_ids, "top_k_beams", batch_size, beam_size=settings["beams"],
-                          n=settings["beams"], max_length=max_length)
+        bs = decoded_sets(model, data, image_ids, "top_k_beams", batch_size, beam_size=div.beams,
+                          n=div.beams, max_length=max_length)
     return {"rs": rs, "bs": bs}
 
 
-def shares_the_beams(params: dict[str, Any], decode: dict[str, Any]) -> bool:
+def shares_the_beams(settings: EvalSettings, decode: dict[str, Any]) -> bool:
     """Whether the diversity's bs set is the evaluation's own beam search (same width and length):
     its best beam is then the evaluated caption, and one search gives both."""
-    settings = params["evaluate"]["diversity"]
     plain = all(decode.get(key, off) == off for key, off in decode_options.OFF.items())  # diverse beams differ
-    return (decode["method"] == "beam" and decode["beam_size"] == settings["beams"]
-            and decode["max_length"] == params["decode"]["max_length"] and plain)
+    return (decode["method"] == "beam" and decode["beam_size"] == settings.diversity.beams
+            and decode["max_length"] == settings.max_length and plain)
 
 
 def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int],
-                     references: dict[int, list[str]], params: dict[str, Any],
+                     references: dict[int, list[str]], settings: EvalSettings,
                      sets: dict[str, dict[int, list[list[str]]]] | None = None) -> dict[str, Any]:
     """Paper 002's Table 4 for one model: both caption sets of every image (``sets`` if decoded
     already), their scores (:func:`caprl.evaluation.diversity.set_scores`; CIDEr-D reduced per
     decoding as the paper reports it, :data:`~caprl.evaluation.diversity.TABLE4_PRECISION`,
     recorded in the settings as ``precision``) and a few examples."""
-    settings = params["evaluate"]["diversity"]
-    sets = sets if sets is not None else diversity_sets(model, data, image_ids, params)
-    report: dict[str, Any] = {"settings": {**settings, "seed": params["seed"], "precision": dict(TABLE4_PRECISION)}}
+    sets = sets if sets is not None else diversity_sets(model, data, image_ids, settings)
+    report: dict[str, Any] = {"settings": {**settings.diversity.as_dict(), "seed": settings.seed,
+                                           "precision": dict(TABLE4_PRECISION)}}
     report.update({name: set_scores(captions, references, TABLE4_PRECISION[name]) for name, captions in sets.items()})
     report["examples"] = [{"image_id": i, "references": references[i],
                            **{name: [" ".join(c) for c in captions[i]] for name, captions in sets.items()}}
-                          for i in sorted(image_ids)[: settings["examples"]]]
+                          for i in sorted(image_ids)[: settings.diversity.examples]]
     for name in sets:
         log.info("diversity (%s): %s", name, ", ".join(f"{k} {v:.4f}" for k, v in report[name].items()))
     return report
@@ -134,14 +133,15 @@ def diversity_report(model: CaptionModel, data: CaptionData, image_ids: list[int
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
-    torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    captured.set_enabled(params["train"]["cuda_graphs"])  # greedy and beam decodes replayed on a GPU
+    settings = EvalSettings.from_params(params)  # every setting this job reads, resolved once
+    torch.set_num_threads(settings.num_threads)
+    captured.set_enabled(settings.cuda_graphs)  # greedy and beam decodes replayed on a GPU
     data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
     provenance.check_model_inputs(args.checkpoint, ckpt.made_from, args.features, data.features.attrs,
                                   args.annotations, data.annotations)
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
-    split = params["evaluate"]["split"]
+    split = settings.split
     references = load_references(args.refs)
     made_from = (io.read_json(args.refs, "references file").get("info") or {}).get("made_from") or {}
     provenance.check(args.refs, made_from, args.annotations, data.annotations, "`caprl references`")
@@ -151,36 +151,36 @@ def main(args: argparse.Namespace) -> None:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
     decode = run_decode(params, args.run, ckpt.run)
+    key = run_checks.decode_key(params, args.run)  # the params key that sets the run's decoder
     if ckpt.run.get("method"):  # what the plan refuses too (caprl.objectives.run_checks)
-        run_checks.refuse(run_checks.decoder_problem(args.run, ckpt.run["method"], decode["method"],
-                                                     run_checks.decode_key(params, args.run)))
+        run_checks.refuse(run_checks.decoder_problem(args.run, ckpt.run["method"], decode["method"], key))
     value = value_from_checkpoint(ckpt, where=args.checkpoint)
     value = value.to(default_device()).eval() if value is not None else None
-    batch_size = params["evaluate"]["batch_size"]
-    diverse = ckpt.run.get("method") in params["evaluate"]["diversity"]["methods"]
+    batch_size = settings.batch_size
+    diverse = ckpt.run.get("method") in settings.diversity.methods
     # Every caption set the job scores, decoded first: the bs diversity set is the evaluation's own
     # beam search when the widths match (one search); then one tokenizer call for all of them.
     beams = None
-    if diverse and shares_the_beams(params, decode):
+    if diverse and shares_the_beams(settings, decode):
         beams = decoded_sets(model, data, ids, "top_k_beams", batch_size, beam_size=decode["beam_size"],
                              n=decode["beam_size"], max_length=decode["max_length"])
         captions = {i: " ".join(caps[0]) for i, caps in beams.items()}
     else:
         captions = decoded_captions(model, data, ids, decode["method"], batch_size, beam_size=decode["beam_size"],
                                     max_length=decode["max_length"],
-                                    **decoder_settings(params, args.run, decode["method"], value),
-                                    **option_settings(params, decode, decode["method"], data, device_of(model)))
-    sets = diversity_sets(model, data, ids, params, bs=beams) if diverse else None
+                                    **decoder_settings(settings, key, args.run, decode["method"], value),
+                                    **option_settings(settings, decode, decode["method"], data, device_of(model)))
+    sets = diversity_sets(model, data, ids, settings, bs=beams) if diverse else None
     greedy = None
-    if params["evaluate"].get("greedy"):
+    if settings.greedy:
         greedy = captions if decode["method"] == "greedy" else decoded_captions(
-            model, data, ids, "greedy", batch_size, max_length=params["decode"]["max_length"],
-            **option_settings(params, decode, "greedy", data, device_of(model)))  # under decode:'s constraints
+            model, data, ids, "greedy", batch_size, max_length=settings.max_length,
+            **option_settings(settings, decode, "greedy", data, device_of(model)))  # under decode:'s constraints
     ahead = None
-    if value is not None and params["evaluate"].get("lookahead"):
+    if value is not None and settings.lookahead is not None:
         ahead = captions if decode["method"] == "lookahead" else decoded_captions(
             model, data, ids, "lookahead", batch_size, beam_size=decode["beam_size"],
-            max_length=decode["max_length"], **decoder_settings(params, args.run, "lookahead", value))
+            max_length=decode["max_length"], **decoder_settings(settings, key, args.run, "lookahead", value))
     ptb_tokenize({"references": [r for i in ids for r in references[i]],
                   "captions": [c for decoded in (captions, greedy, ahead) if decoded for c in decoded.values()],
                   "sets": [" ".join(c) for group in (sets or {}).values() for caps in group.values() for c in caps]})
@@ -192,11 +192,11 @@ def main(args: argparse.Namespace) -> None:
     extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split),  # collapsed outputs
                              "vocabulary": caption_stats(captions, training_captions(data.annotations))}
     if sets is not None:
-        extra["diversity"] = diversity_report(model, data, ids, references, params, sets)
+        extra["diversity"] = diversity_report(model, data, ids, references, settings, sets)
     if greedy is not None:
-        extra["greedy"] = greedy_report(model, data, ids, references, params, greedy)
+        extra["greedy"] = greedy_report(model, data, ids, references, settings, greedy)
     if ahead is not None:
-        extra["lookahead"] = lookahead_report(model, value, data, ids, references, params, decode, ahead)
+        extra["lookahead"] = lookahead_report(model, value, data, ids, references, settings, decode, ahead)
     clip = clip_score_report(params, args.dataset, data, EmbeddingInputs.from_args(args), captions,
                              data.references(split), default_device())  # CLIP-S, RefCLIP-S (Hessel et al. 2021)
     if clip is not None:
@@ -206,12 +206,12 @@ def main(args: argparse.Namespace) -> None:
 
 
 def greedy_report(model: CaptionModel, data: CaptionData, image_ids: list[int], references: dict[int, list[str]],
-                  params: dict[str, Any], captions: dict[int, str] | None = None) -> dict[str, Any]:
+                  settings: EvalSettings, captions: dict[int, str] | None = None) -> dict[str, Any]:
     """The official CIDEr-D of the greedy captions of ``image_ids`` (``captions`` if the main
     decoding is greedy already), the decoding best-epoch selection validates with."""
     if captions is None:
-        captions = decoded_captions(model, data, image_ids, "greedy", params["evaluate"]["batch_size"],
-                                    max_length=params["decode"]["max_length"])
+        captions = decoded_captions(model, data, image_ids, "greedy", settings.batch_size,
+                                    max_length=settings.max_length)
     sets = {i: [captions[i].split()] for i in image_ids}
     cider = float(sum(float(s[0]) for s in official_cider_d(sets, references)) / max(1, len(sets)))
     log.info("greedy: CIDEr-D %.4f", cider)
@@ -227,64 +227,65 @@ def run_decode(params: dict[str, Any], run: str, record: dict[str, Any]) -> dict
     return dict(params["decode"])
 
 
-def option_settings(params: dict[str, Any], decode: dict[str, Any], method: str, data: CaptionData,
+def option_settings(settings: EvalSettings, decode: dict[str, Any], method: str, data: CaptionData,
                     device: torch.device) -> dict[str, Any]:
     """The ``decode:`` options (:mod:`caprl.decoding.options`) decoder ``method`` reads, with the
     vocabulary (``remove_bad_endings`` names words) and, for sampling, a generator seeded from
     params ``seed`` on the model's device (reruns agree); nothing where every option is off."""
-    settings = decode_options.settings_for(method, decode)
-    if all(value == decode_options.OFF[key] for key, value in settings.items()) and method != "sample":
+    chosen = decode_options.settings_for(method, decode)
+    if all(value == decode_options.OFF[key] for key, value in chosen.items()) and method != "sample":
         return {}
     extra: dict[str, Any] = {"words": data.vocab.idx_to_word}
     if method == "sample":
-        extra["generator"] = torch.Generator(device=device).manual_seed(int(params["seed"]))
-    return {**settings, **extra}
+        extra["generator"] = torch.Generator(device=device).manual_seed(settings.seed)
+    return {**chosen, **extra}
 
 
 def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def decoder_settings(params: dict[str, Any], run: str, method: str, value: ValueNetwork | None) -> dict[str, Any]:
+def decoder_settings(settings: EvalSettings, key: str, run: str, method: str,
+                     value: ValueNetwork | None) -> dict[str, Any]:
     """What decoder ``method`` needs besides the beam size and length: lookahead's value network
-    and ``evaluate.lookahead``'s lam and candidates (a CaprlError naming the run and the key
-    when the checkpoint holds no value network or the section is missing); nothing for the others."""
+    and ``evaluate.lookahead``'s lam and candidates (a CaprlError naming the run and ``key``, the
+    params key that set the decoder, when the checkpoint holds no value network or the section
+    is missing); nothing for the others."""
     if method != "lookahead":
         return {}
-    key = run_checks.decode_key(params, run)
     if value is None:
         raise CaprlError(f"{key}: lookahead decoding needs a value network, but the checkpoint of run {run} holds "
                          "none (only actor_critic runs have one): decode it with greedy or beam")
-    settings = params["evaluate"].get("lookahead")
-    if not settings:
+    if settings.lookahead is None:
         raise CaprlError(f"{key}: lookahead decoding of run {run} reads lam and candidates from evaluate.lookahead, "
                          "which is not set")
-    return {"value": value, "lam": float(settings["lam"]), "candidates": int(settings["candidates"])}
+    return {"value": value, "lam": settings.lookahead.lam, "candidates": settings.lookahead.candidates}
 
 
-def official_scores(params: dict[str, Any], captions: dict[int, str],
+def official_scores(settings: EvalSettings, captions: dict[int, str],
                     references: dict[int, list[str]]) -> dict[str, Any]:
     """``{"corpus": {metric: value}, "unavailable": {metric: reason}}``: the official metrics of
     ``evaluate.metrics`` (as :func:`caprl.evaluation.report.score_and_record`), no file written."""
-    scorer = shared_scorer(params["spice"]["corenlp_dir"])  # the job's one METEOR JVM
-    return scorer.score(references, dict(captions), metrics=list(params["evaluate"]["metrics"]), per_image=False)
+    scorer = shared_scorer(settings.corenlp_dir)  # the job's one METEOR JVM
+    return scorer.score(references, dict(captions), metrics=list(settings.metrics), per_image=False)
 
 
 def lookahead_report(model: CaptionModel, value: ValueNetwork, data: Any, image_ids: list[int],
-                     references: dict[int, list[str]], params: dict[str, Any], decode: dict[str, Any],
+                     references: dict[int, list[str]], settings: EvalSettings, decode: dict[str, Any],
                      captions: dict[int, str] | None = None) -> dict[str, Any]:
     """Paper 003's lookahead row: the lookahead captions of ``image_ids`` (lam and candidates of
     ``evaluate.lookahead``, the run's beam size; ``captions`` if already decoded) scored with the
     official metrics, and a few examples."""
-    settings = params["evaluate"]["lookahead"]
-    lam, candidates = float(settings["lam"]), int(settings["candidates"])
+    if settings.lookahead is None:
+        raise CaprlError("evaluate.lookahead is not set: the lookahead row reads its lam and candidates there")
+    lam, candidates = settings.lookahead.lam, settings.lookahead.candidates
     if captions is None:
-        captions = decoded_captions(model, data, image_ids, "lookahead", params["evaluate"]["batch_size"],
+        captions = decoded_captions(model, data, image_ids, "lookahead", settings.batch_size,
                                     beam_size=decode["beam_size"], max_length=decode["max_length"], value=value,
                                     lam=lam, candidates=candidates)
-    scored = official_scores(params, captions, references)
+    scored = official_scores(settings, captions, references)
     log.info("lookahead (lambda %g): %s", lam, ", ".join(f"{k} {v:.4f}" for k, v in scored["corpus"].items()))
     return {"lambda": lam, "candidates": candidates, "beam_size": decode["beam_size"], "metrics": scored["corpus"],
             "unavailable": scored.get("unavailable", {}),
             "examples": [{"image_id": i, "caption": captions[i]}
-                         for i in sorted(captions)[: params["evaluate"]["n_examples"]]]}
+                         for i in sorted(captions)[: settings.n_examples]]}

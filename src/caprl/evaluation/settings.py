@@ -1,0 +1,66 @@
+"""What an evaluation job reads of params.yaml, resolved once into typed settings.
+
+``caprl evaluate`` and ``caprl caption`` build one :class:`EvalSettings` from the params
+(``evaluate:``, ``decode.max_length``, ``seed``, ``train.num_threads`` / ``cuda_graphs``,
+``spice.corenlp_dir``) and hand it to every function that decodes or scores; nothing below
+the job's ``main`` reads the params dict for a setting. Every field is a params.yaml key
+(the schema requires it, ``workflow/schemas/params.schema.yaml``): no default lives here,
+except that an absent ``evaluate.lookahead`` section means no lookahead row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Diversity:
+    """``evaluate.diversity``: paper 002's Table 4 caption sets (rs samples, bs beams)."""
+
+    methods: tuple[str, ...]  # runs of these methods get the diversity evaluation
+    samples: int  # rs: random samples per image
+    beams: int  # bs: the top beams of one beam search of this width
+    examples: int  # images whose sets the report shows
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "beams": self.beams, "examples": self.examples, "methods": list(self.methods)}
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """``evaluate.lookahead``: paper 003's lookahead inference (Ren et al. sec. 3.4)."""
+
+    lam: float  # weight of the policy's log-probability; 1 - lam on the value
+    candidates: int  # the most likely words per beam whose value is computed
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    split: str
+    batch_size: int
+    metrics: tuple[str, ...]
+    n_examples: int
+    greedy: bool  # also score the greedy captions (the main table's "C greedy")
+    diversity: Diversity
+    lookahead: Lookahead | None  # None: the section is absent, no lookahead row
+    seed: int  # sampling decoders' generators
+    max_length: int  # decode.max_length: the greedy and diversity decodes' length
+    num_threads: int  # train.num_threads: torch's CPU threads
+    cuda_graphs: bool  # train.cuda_graphs: greedy and beam decodes replayed as CUDA graphs
+    corenlp_dir: str | None  # spice.corenlp_dir: SPICE's CoreNLP jars
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "EvalSettings":
+        ev = params["evaluate"]
+        div = ev["diversity"]
+        ahead = ev.get("lookahead")
+        return cls(split=str(ev["split"]), batch_size=int(ev["batch_size"]), metrics=tuple(ev["metrics"]),
+                   n_examples=int(ev["n_examples"]), greedy=bool(ev["greedy"]),
+                   diversity=Diversity(methods=tuple(div["methods"]), samples=int(div["samples"]),
+                                       beams=int(div["beams"]), examples=int(div["examples"])),
+                   lookahead=Lookahead(float(ahead["lam"]), int(ahead["candidates"])) if ahead else None,
+                   seed=int(params["seed"]), max_length=int(params["decode"]["max_length"]),
+                   num_threads=max(1, int(params["train"]["num_threads"])),
+                   cuda_graphs=bool(params["train"]["cuda_graphs"]),
+                   corenlp_dir=params["spice"]["corenlp_dir"])
