@@ -25,7 +25,8 @@ TINY: dict[str, Any] = {
     "vocab": {"min_count": 2},
     "models": {name: {"embed_size": 16, "hidden_size": 24, **({"att_hidden_size": 16} if att else {})}
                for name, att in [("fc", False), ("topdown", True), ("lstm3", False), ("softatt", True),
-                                 ("stackcap_star", True), ("stackcap", True)]},
+                                 ("stackcap_star", True), ("stackcap", True)]}
+              | {"transformer": {"num_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}},
     "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2},
                    "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8, "baseline_warmup_steps": 1},
                    "mixer": {"epochs": 1},

@@ -107,7 +107,7 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
 
 
 def test_the_five_papers_state_at_least_32_claims():
-    configs = [claims.load_config(p) for p in sorted((REPO / "configs" / "claims").glob("*.yaml"))]
+    configs = [claims.load_config(p) for p in sorted((REPO / "configs" / "claims").glob("00[0-4]_*.yaml"))]
     assert len(configs) == 5 and sum(len(c["claims"]) for c in configs) >= 32
 
 

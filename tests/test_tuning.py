@@ -99,6 +99,8 @@ def test_params_yaml_holds_every_choice_of_the_committed_tuning_report(dataset: 
     assert report["budget"] == params["tuning"]["budget"]
     grids = params["tuning"]["runs"]
     assert set(report["runs"]) <= set(grids), "a tuned run that params.yaml no longer tunes"
+    untuned = {run for run in grids if dataset in params_mod.run_spec(params, run).datasets} - set(report["runs"])
+    assert not untuned, f"params.yaml tunes {sorted(untuned)}, which the committed report has no points of"
     for run, entry in report["runs"].items():
         tried = sorted(tuple(sorted(point["options"].items())) for point in entry["points"])
         lists = {option: params["sweeps"][name] for option, name in grids[run].items()}
