@@ -2,8 +2,11 @@
 
 ``caprl evaluate`` and ``caprl caption`` build one :class:`EvalSettings` from the params
 (``evaluate:``, ``decode.max_length``, ``seed``, ``train.num_threads`` / ``cuda_graphs``,
-``spice.corenlp_dir``) and hand it to every function that decodes or scores; nothing below
-the job's ``main`` reads the params dict for a setting. Every field is a params.yaml key
+``spice.corenlp_dir``) and hand it to every function that decodes or scores. The params dict
+itself still goes to what resolves a run (its decoding, :func:`caprl.evaluation.run.run_decode`;
+the key that sets its decoder), to CLIP-S (``evaluate.clip_score`` per dataset) and to the
+record of the job (:func:`caprl.evaluation.report.score_and_record`, which logs the sections as
+params.yaml has them). Every field is a params.yaml key
 (the schema requires it, ``workflow/schemas/params.schema.yaml``): no default lives here,
 except that an absent ``evaluate.lookahead`` section means no lookahead row.
 """
