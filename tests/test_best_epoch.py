@@ -21,7 +21,8 @@ from caprl.objectives.xe import CrossEntropy
 from caprl.errors import CaprlError
 from caprl.evaluation.run import decoded_captions
 from caprl.rewards import build_reward, compute_document_frequencies
-from caprl.training.run import history_json, load_inits, make_validator, validation_decode
+from caprl.training.run import history_json, load_inits, make_validator
+from caprl.training.settings import TrainSettings
 from toy import CONSTANT_LR, FEAT, WORDS, ToyData, decode, fit, toy_trainer
 
 XE = {"lr": 5e-2, "epochs": 6, **CONSTANT_LR}
@@ -185,12 +186,15 @@ def test_validation_decodes_as_the_run_is_evaluated_unless_told_greedy() -> None
     """``train.validate_with``: ``evaluation`` (params.yaml's) takes the run's own decode (beam 5,
     paper 004's runs beam 2); ``greedy`` is self-critical.pytorch's default; anything else is named."""
     params = params_mod.load(["params.yaml"])
-    scst, luo = (params_mod.run_spec(params, run) for run in ("fc-scst", "fc-luo2018-lam0_5"))
+
+    def validation_decode(run: str) -> dict[str, int]:
+        return TrainSettings.from_params(params, "synthetic", run).validation_decode()
+
     assert params["train"]["validate_with"] == "evaluation"
-    assert validation_decode(params, scst) == {"beam_size": params["decode"]["beam_size"], "max_length": 16}
-    assert validation_decode(params, luo)["beam_size"] == 2
+    assert validation_decode("fc-scst") == {"beam_size": params["decode"]["beam_size"], "max_length": 16}
+    assert validation_decode("fc-luo2018-lam0_5")["beam_size"] == 2
     params["train"]["validate_with"] = "greedy"
-    assert validation_decode(params, scst) == {"beam_size": 1, "max_length": 16}
+    assert validation_decode("fc-scst") == {"beam_size": 1, "max_length": 16}
     params["train"]["validate_with"] = "beam"
     with pytest.raises(CaprlError, match="train.validate_with"):
-        validation_decode(params, scst)
+        validation_decode("fc-scst")

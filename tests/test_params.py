@@ -263,3 +263,33 @@ def test_an_evaluation_job_reads_every_evaluate_setting_through_its_typed_settin
     del params["evaluate"]["greedy"]
     with pytest.raises(CaprlError, match="evaluate.*greedy"):
         params_mod.validate(params, REPO / params_mod.SCHEMA_RELPATH)
+
+
+def test_a_training_job_reads_every_train_setting_through_its_typed_settings() -> None:
+    """``caprl train`` resolves params once into :class:`TrainSettings`: every key of the schema's
+    ``train:`` is a field, the schema requires each, the loop's settings come from it, and a
+    changed setting reaches the job (not a default hidden in the code)."""
+    import dataclasses
+
+    from caprl.training.loop import LoopConfig
+    from caprl.training.settings import TrainSettings
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/params.schema.yaml").read_text())
+    train = schema["properties"]["train"]
+    fields = {f.name for f in dataclasses.fields(TrainSettings)}
+    assert set(train["properties"]) <= fields
+    assert set(train["required"]) == set(train["properties"])
+    assert {f.name for f in dataclasses.fields(LoopConfig)} - {"epochs"} <= fields  # the loop's: all from here
+    params = default_params()
+    params["train"].update(batch_size=7, patience=3, grad_clip=0.5, num_threads=0)
+    params["loading"]["prefetch"] = 4
+    settings = TrainSettings.from_params(params, "synthetic", "topdown-scst")
+    loop = settings.loop(epochs=2)
+    assert (loop.epochs, loop.batch_size, loop.patience, loop.grad_clip, loop.prefetch) == (2, 7, 3, 0.5, 4)
+    assert settings.num_threads == 1  # 0 threads: torch's at least one
+    assert (settings.model.arch, settings.model.sizes["hidden_size"]) == (
+        "topdown", params["models"]["topdown"]["hidden_size"])
+    assert settings.spec.init == {"model": "topdown-xe"} and settings.sections["reward"] == params["rewards"]["cider_d"]
+    params["runs"]["topdown-scst"]["model"] = "nowhere"
+    with pytest.raises(CaprlError, match="runs.topdown-scst.model"):
+        TrainSettings.from_params(params, "synthetic", "topdown-scst")

@@ -41,8 +41,8 @@ def _decoding(params: dict[str, Any], spec: RunSpec | None) -> str:
 
 
 def _lookahead(params: dict[str, Any], spec: RunSpec | None) -> str:
-    settings = params["evaluate"].get("lookahead") or {}
-    lam = f", λ = {settings['lam']:g}" if "lam" in settings else ""
+    settings = params["evaluate"].get("lookahead")  # an optional section (schema): absent, no lookahead row
+    lam = f", λ = {settings['lam']:g}" if settings else ""
     size = (spec.decode if spec is not None else params["decode"])["beam_size"]
     return f"Actor-critic (lookahead, beam {size}{lam})"
 

@@ -147,7 +147,7 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline;
     the published numbers of the sets the dataset lists (``datasets.<name>.published``,
     :mod:`caprl.tables.published`) as the paper column of the runs that match their rows."""
-    greedy = bool(params["evaluate"].get("greedy"))
+    greedy = bool(params["evaluate"]["greedy"])  # required by the schema
     clip = clip_score.table_columns(params, dataset, scores)  # CLIP-S, RefCLIP-S ("(listener)": not CLIP's)
     table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy
                   + [column for column, *_ in VOCABULARY_COLUMNS]

@@ -269,7 +269,8 @@ def diversity_cells(scores: dict[str, Any] | None, decoding: str, notes: list[st
 
 def _settings_notes(params: dict[str, Any], shown: Scores) -> tuple[dict[str, Any], list[str]]:
     """The diversity settings (params' evaluate.diversity), and a note per score file made otherwise."""
-    expected = {k: v for k, v in params.get("evaluate", {}).get("diversity", {}).items() if k in ("samples", "beams")}
+    diversity = params["evaluate"]["diversity"]  # required by the schema
+    expected = {"samples": diversity["samples"], "beams": diversity["beams"]}
     notes = []
     for run, s in shown.items():
         got = (s.get("diversity") or {}).get("settings", {})

@@ -28,7 +28,6 @@ from caprl.errors import CaprlError
 from caprl.metrics.embeddings import EmbeddingInputs, EmbeddingSource, Sources, add_embedding_arguments
 from caprl.models import build_model
 from caprl.objectives import ObjectiveEnv, build_objective
-from caprl.retrieval import ListenerConfig
 from caprl.rewards import (build_configured_reward, build_reward, compute_document_frequencies,
                            load_document_frequencies)
 from caprl.seeding import seed_everything
@@ -36,7 +35,8 @@ from caprl.tracking import Tracker
 from caprl.training import distributed
 from caprl.data.loader import CaptionData, Loading, add_data_arguments
 from caprl.training.distributed import Dist
-from caprl.training.loop import LoopConfig, Position, RunMeta, Trainer, caption_words
+from caprl.training.loop import Position, RunMeta, Trainer, caption_words
+from caprl.training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -97,26 +97,6 @@ def fingerprint(paths: list[str | None]) -> list[tuple[str, int, int]]:
     return [(str(p), Path(p).stat().st_size, Path(p).stat().st_mtime_ns) for p in paths if p is not None]
 
 
-VALIDATE_WITH = ("evaluation", "greedy")
-
-
-def validation_decode(params: dict[str, Any], spec: params_mod.RunSpec) -> dict[str, int]:
-    """How validation decodes the captions it scores: ``beam_size`` (1: greedy) and ``max_length``.
-
-    ``train.validate_with: evaluation`` (the default): the run's own evaluation decoding
-    (``decode:`` with the run's ``decode:`` on top), so the checkpoint is chosen on the decoding
-    its table row reports: an RL run is then compared with its XE start under the beam search
-    that gives the start its beam gain, not greedy against greedy (lookahead, which needs the
-    value network, is validated by the beam search of its width). ``greedy``:
-    self-critical.pytorch's default (train.py validates with its ``beam_size``, 1 unless set)."""
-    how = params["train"]["validate_with"]
-    if how not in VALIDATE_WITH:
-        raise CaprlError(f"train.validate_with: {how!r} is not one of {', '.join(VALIDATE_WITH)}")
-    decode = spec.decode
-    beam = 1 if how == "greedy" or decode["method"] == "greedy" else int(decode["beam_size"])
-    return {"beam_size": beam, "max_length": int(decode["max_length"])}
-
-
 def make_validator(data: CaptionData, beam_size: int, max_length: int) -> Any:
     """Validation CIDEr-D of the captions of a beam search of ``beam_size`` (1: greedy), document
     frequencies from the val references (as coco-eval)."""
@@ -155,8 +135,13 @@ def run_record(spec: params_mod.RunSpec, dataset: str, run: str) -> dict[str, An
 
 def tracked_config(params: dict[str, Any], dataset: str, spec: params_mod.RunSpec, run: str) -> dict[str, Any]:
     """The params of a training job's MLflow run (flattened there) and its ``config.yaml``."""
-    return {"run": run_record(spec, dataset, run), "model": params["models"][spec.model], "train": params["train"],
-            "seed": params["seed"], "dataset": params_mod.dataset_spec(params, dataset)}
+    return settings_config(TrainSettings.from_params(params, dataset, run, spec))
+
+
+def settings_config(settings: TrainSettings) -> dict[str, Any]:
+    """:func:`tracked_config` of a job's resolved settings: the sections as params.yaml has them."""
+    return {"run": run_record(settings.spec, settings.dataset, settings.run), "model": settings.sections["model"],
+            "train": settings.sections["train"], "seed": settings.seed, "dataset": settings.sections["dataset"]}
 
 
 def train_tags(dataset: str, run: str, spec: params_mod.RunSpec, init_run_ids: dict[str, str]) -> dict[str, str]:
@@ -185,18 +170,18 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
           embedding_inputs: EmbeddingInputs | None = None) -> tuple[Path, Position]:
     """Train ``run`` on ``dataset``; returns the path of the best state and the final position
     (per-epoch ``history``, ``best_epoch``). ``spec``: the run as the job resolved it (resolved
-    here when not given).
+    here when not given). Everything read of ``params`` is resolved once into
+    :class:`~caprl.training.settings.TrainSettings`; ``params`` itself goes only to what builds a
+    reward (its ``rewards:`` instance, CLIP-S's embedding source).
 
     ``log_file`` (the job's log) is attached to the MLflow run with the config and history;
     ``embedding_inputs``: the files a clip_s reward's embedding reads (``--embedding-listener``, ``--media-root``)."""
     dist = dist or Dist()
-    spec = spec or params_mod.run_spec(params, run)
-    if spec.model not in params["models"]:
-        raise CaprlError(f"runs.{run}.model: '{spec.model}' is not defined under models: in params.yaml")
-    seed_everything(params["seed"] + 1000 * dist.rank)  # dropout streams differ per process
-    torch.set_num_threads(max(1, params["train"]["num_threads"]))
-    model_params = dict(params["models"][spec.model])
-    arch = model_params.pop("arch")
+    settings = TrainSettings.from_params(params, dataset, run, spec)
+    spec = settings.spec
+    seed_everything(settings.seed + 1000 * dist.rank)  # dropout streams differ per process
+    torch.set_num_threads(settings.num_threads)
+    arch, model_params = settings.model.arch, dict(settings.model.sizes)
     model = build_model(arch, model_params, len(data.vocab), data.feat_dim, data.n_regions, where=f"models.{spec.model}")
     train_refs = data.references("train")
     rewards: dict[str, Any] = {}
@@ -217,44 +202,38 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     # what objectives may read besides the model: the listener's sizes (paper 004's methods build
     # theirs from it; they name the section when it is missing), the pooled feature size, the
     # seed, the optimiser steps of an epoch
-    steps = -(-len(data.split_ids("train")) // params["train"]["batch_size"])
-    extras: dict[str, Any] = {"feat_dim": data.feat_dim, "seed": params["seed"], "steps_per_epoch": steps}
-    if "listener" in params:
-        extras["listener"] = ListenerConfig.from_dict(params["listener"])
-    env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=params["decode"]["max_length"],
+    steps = -(-len(data.split_ids("train")) // settings.batch_size)
+    extras: dict[str, Any] = {"feat_dim": data.feat_dim, "seed": settings.seed, "steps_per_epoch": steps}
+    if settings.listener is not None:
+        extras["listener"] = settings.listener
+    env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=settings.max_length,
                        global_sum=dist.sum, world_size=dist.world, extras=extras)
     objective = build_objective(spec.method, spec.options, env, model, where=f"runs.{run}")
     for path in dict.fromkeys(inits.values()):  # what a run starts from was trained on these data
         provenance.check_model_inputs(path, checkpoint.load(path).made_from, data.paths.features, data.features.attrs,
                                       data.paths.annotations, data.annotations)
     load_inits({checkpoint.MODEL: model, **objective.modules_to_save()}, inits, spec.init, run, data.vocab.sha256)
-    t = params["train"]
-    loop = LoopConfig(epochs=objective.options.epochs, batch_size=t["batch_size"],
-                      grad_clip=t["grad_clip"], checkpoint_every=t["checkpoint_every"], log_every=t["log_every"],
-                      max_length=params["decode"]["max_length"], seed=params["seed"], amp=t["amp"],
-                      prefetch=params["loading"]["prefetch"], patience=t["patience"],
-                      cuda_graphs=t["cuda_graphs"])
+    loop = settings.loop(objective.options.epochs)
     record = run_record(spec, dataset, run)
-    reward_name = spec.options.get("reward")
-    val_decode = validation_decode(params, spec)
+    val_decode = settings.validation_decode()
+    sections = settings.sections
     meta = RunMeta(arch=arch, run=record, vocab_sha256=data.vocab.sha256,
-                   config_hash=config_hash(record, arch, model_params, t, params["seed"], params["decode"], val_decode,
-                                           params["rewards"].get(reward_name) if reward_name else None,
-                                           params.get("listener") if objective.modules_to_save() else None,
+                   config_hash=config_hash(record, arch, model_params, sections["train"], settings.seed,
+                                           sections["decode"], val_decode, sections["reward"],
+                                           sections["listener"] if objective.modules_to_save() else None,
                                            fingerprint([*vars(data.paths).values(), cider_df_path, *inits.values(),
                                                                embedding_inputs.listener])),
                    made_from={**provenance.record(data.annotations),
                               "features": provenance.features_record(data.features.attrs)})
-    experiment = params["tracking"]["experiment"]
     previous = state_dir / "last.pt"  # a resumed job logs on into its MLflow run; changed parameters: a new one
     run_id = (checkpoint.resumable_run_id(previous, meta.config_hash) or None) if previous.exists() else None
     init_run_ids = {role: checkpoint.mlflow_run_id(path) for role, path in inits.items() if Path(path).is_file()}
     tags = train_tags(dataset, run, spec, init_run_ids)
-    with Tracker(experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
+    with Tracker(settings.experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
                  stage="train") as tracker:
         trainer = Trainer(model, objective, data, loop, make_validator(data, **val_decode), state_dir, meta,
                           tracker, dist)
-        config = tracked_config(params, dataset, spec, run)
+        config = settings_config(settings)
         if not trainer.resume():
             tracker.log_params(config)
             tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
