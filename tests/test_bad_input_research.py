@@ -148,7 +148,7 @@ def test_snakemake_names_the_init_key_before_building_the_dag(tmp_path: Path) ->
     jobs = {expected: snakemake_dry_run(tmp_path / str(k), params)
             for k, (expected, params) in enumerate(variants.items())}
     for expected, job in jobs.items():
-        out, _ = job.communicate(timeout=120)
+        out, _ = job.communicate(timeout=300)  # seven dry runs side by side: minutes under load, not a hang
         assert expected in out and "MissingInput" not in out, out[-3000:]
         assert (job.returncode == 0) == ("skipped" in expected), out[-3000:]
 
