@@ -4,7 +4,10 @@ Runs ``benchmarks/train_step.py`` (caprl) and SCP's own step timer (``scp_step.p
 peers folder, which runs SCP's code; nothing of SCP is imported here) in turn, each
 configuration in a fresh process, interleaved (caprl, SCP, caprl, SCP, ... per configuration
 and round), on the same data, sizes and batches, and prints one table: images/s of both and
-the ratio caprl / SCP. SCP has no SLE objective: its rows show caprl alone.
+the ratio caprl / SCP. SCP has no SLE objective: its rows show caprl alone. The transformer
+configurations (``--configs xe-transformer ...``: SCP's recipe sizes, and ``transformer_small``)
+run SCP's ``transformer`` through ``benchmarks/scp_transformer_step.py``, which drives the same
+``scp_step.py`` with SCP's model option set to it, at the sizes caprl's side uses.
 
 Set-up of the SCP side (once per machine) is described in ``scp_step.py``'s docstring; this
 script does it when ``--setup`` is given (extract SCP, write its data, its n-gram cache).
@@ -27,12 +30,18 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = ("xe-topdown", "scst-topdown", "xe-fc", "scst-fc", "sll_sle-topdown", "sll_sle-fc")
-SCP_CONFIGS = {"xe-topdown", "scst-topdown", "xe-fc", "scst-fc"}
+DEFAULT_CONFIGS = ("xe-topdown", "scst-topdown", "xe-fc", "scst-fc", "sll_sle-topdown", "sll_sle-fc")
+# the transformers (train_step.TRANSFORMER_SIZES; SCP's side: scp_transformer_step.py): on request only
+TRANSFORMERS = ("xe-transformer", "scst-transformer", "xe-transformer_small", "scst-transformer_small")
+CONFIGS = DEFAULT_CONFIGS + TRANSFORMERS
+SCP_CONFIGS = {"xe-topdown", "scst-topdown", "xe-fc", "scst-fc", *TRANSFORMERS}
 
 
 def sh(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 900) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... ran past {timeout:.0f} s (--timeout)") from exc
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
@@ -64,34 +73,51 @@ def run_caprl(paths: dict[str, str], config: str, batch: int, args: argparse.Nam
            "--paths", json.dumps(paths), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--device", args.device, "--amp", "none", "--threads", str(args.threads)] + (["--plain-autograd"] if plain else [])
     cmd += ["--cuda-graphs"] if graphs else []
-    out = sh(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
+    out = sh(cmd, env={**os.environ, "TQDM_DISABLE": "1"}, timeout=args.timeout)
     return json.loads(out.strip().splitlines()[-1])
 
 
 def run_scp(peers: Path, scp: Path, data: Path, env: dict[str, str], config: str, batch: int,
             args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, str(peers / "scp_step.py"), config, "--batch", str(batch), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--device", args.device, "--threads", str(args.threads),
-           "--data", str(data), "--scp", str(scp)]
-    out = sh(cmd, env=env)
+    from train_step import TRANSFORMER_SIZES  # the sizes caprl's side builds
+
+    cmd = [sys.executable, str(peers / "scp_step.py"), config]
+    method, arch = config.split("-")
+    if arch in TRANSFORMER_SIZES:
+        s = TRANSFORMER_SIZES[arch]
+        cmd = [sys.executable, str(REPO / "benchmarks/scp_transformer_step.py"), str(peers / "scp_step.py"), method,
+               "--layers", str(s["num_layers"]), "--d-model", str(s["d_model"]), "--heads", str(s["heads"]),
+               "--d-ff", str(s["d_ff"]), "--name", config]
+    cmd += ["--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
+            "--threads", str(args.threads), "--data", str(data), "--scp", str(scp)]
+    out = sh(cmd, env=env, timeout=args.timeout)
     line = [x for x in out.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
 
-def markdown(rows: list[dict[str, Any]], note: str) -> str:
+def _ips(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.2f}"
+
+
+def markdown(rows: list[dict[str, Any]], note: str, memory: str = "GPU") -> str:
+    """``memory``: "GPU" (peak CUDA memory) or "RSS" (peak resident set, on a CPU)."""
     plain = any("plain_ms" in r for r in rows)
     eager = any("eager_ms" in r for r in rows)
+    params = any(r.get("scp_params") for r in rows)  # the transformers: both sides' sizes, checked by their counts
     lines = [f"{note}", "", "| config | batch | caprl ms | caprl images/s | SCP ms | SCP images/s | caprl / SCP |"
-             " caprl peak GPU MiB | SCP peak GPU MiB |" + (" caprl plain autograd ms |" if plain else "")
-             + (" caprl without CUDA graphs ms |" if eager else ""),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if plain else "") + ("---:|" if eager else "")]
+             f" caprl peak {memory} MiB | SCP peak {memory} MiB |" + (" caprl plain autograd ms |" if plain else "")
+             + (" caprl without CUDA graphs ms |" if eager else "") + (" parameters caprl / SCP |" if params else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if plain else "") + ("---:|" if eager else "")
+             + ("---:|" if params else "")]
     for r in rows:
         scp = r.get("scp_ms")
-        lines.append(f"| {r['config']} | {r['batch']} | {r['caprl_ms']:.1f} | {r['caprl_ips']:.0f} | "
-                     + (f"{scp:.1f} | {r['scp_ips']:.0f} | {r['ratio']:.2f}x" if scp else "— | — | —")
-                     + f" | {r.get('caprl_gpu_mib', '—')} | {r.get('scp_gpu_mib', '—')} |"
+        mem = ("caprl_gpu_mib", "scp_gpu_mib") if memory == "GPU" else ("caprl_rss_mib", "scp_rss_mib")
+        lines.append(f"| {r['config']} | {r['batch']} | {r['caprl_ms']:.1f} | {_ips(r['caprl_ips'])} | "
+                     + (f"{scp:.1f} | {_ips(r['scp_ips'])} | {r['ratio']:.2f}x" if scp else "— | — | —")
+                     + f" | {r.get(mem[0]) or '—'} | {r.get(mem[1]) or '—'} |"
                      + (f" {r['plain_ms']:.1f} |" if "plain_ms" in r else (" — |" if plain else ""))
-                     + (f" {r['eager_ms']:.1f} |" if "eager_ms" in r else (" — |" if eager else "")))
+                     + (f" {r['eager_ms']:.1f} |" if "eager_ms" in r else (" — |" if eager else ""))
+                     + (f" {r.get('caprl_params', '—')} / {r.get('scp_params') or '—'} |" if params else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -101,7 +127,8 @@ def main() -> None:
     p.add_argument("--captions", type=Path, required=True, help="karpathy_val5k_captions.json")
     p.add_argument("--work", type=Path, required=True, help="where both sides' data is built (kept)")
     p.add_argument("--setup", action="store_true", help="extract SCP and build its data first")
-    p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=CONFIGS, help="none: set up only")
+    p.add_argument("--configs", nargs="*", default=list(DEFAULT_CONFIGS), choices=CONFIGS,
+                   help="none: set up only; default: all but the transformers (" + ", ".join(TRANSFORMERS) + ")")
     p.add_argument("--batches", nargs="+", type=int, default=[50, 250])
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
@@ -113,6 +140,7 @@ def main() -> None:
     p.add_argument("--no-graphs", action="store_true", help="caprl without CUDA graphs (train.cuda_graphs: false)")
     p.add_argument("--eager-too", action="store_true",
                    help="also time caprl without CUDA graphs (what its whole-step capture gains)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds one side's process may run")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
     args = p.parse_args()
@@ -145,7 +173,9 @@ def main() -> None:
                         print(f"SCP {config} batch {batch}: {exc}", flush=True)
             row: dict[str, Any] = {"config": config, "batch": batch,
                                    "caprl_ms": statistics.median(r["median_ms"] for r in mine),
-                                   "caprl_gpu_mib": mine[-1].get("peak_gpu_mib"), "caprl_runs": mine}
+                                   "caprl_gpu_mib": mine[-1].get("peak_gpu_mib"), "caprl_params": mine[-1].get("params"),
+                                   "caprl_rss_mib": max(r["peak_rss_mib"] for r in mine),
+                                   "caprl_runs": mine}
             row["caprl_ips"] = batch * 1000 / row["caprl_ms"]
             if plain:
                 row["plain_ms"] = statistics.median(r["median_ms"] for r in plain)
@@ -158,6 +188,8 @@ def main() -> None:
                 row["scp_ips"] = batch * 1000 / row["scp_ms"]
                 row["ratio"] = row["caprl_ips"] / row["scp_ips"]
                 row["scp_gpu_mib"] = round(theirs[-1].get("peak_cuda_mib", 0), 1)
+                row["scp_params"] = theirs[-1].get("params")
+                row["scp_rss_mib"] = round(max(r["peak_rss_mib"] for r in theirs), 1)
                 row["scp_runs"] = theirs
             rows.append(row)
             report(rows, args)
@@ -176,7 +208,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     note = (f"Device {device}, torch {torch.__version__}, {args.steps} timed steps after {args.warmup} warm-up, "
             f"{args.rounds} interleaved round(s), fp32.")
-    text = markdown(rows, note)
+    text = markdown(rows, note, "GPU" if args.device.startswith("cuda") else "RSS")
     if args.json:
         args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     if args.markdown:

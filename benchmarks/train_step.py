@@ -13,7 +13,9 @@ features file, read from disk as training reads it (``loading.in_memory: false``
 Each configuration runs in a fresh process (so its peak RSS is its own), through caprl's
 ``Trainer`` step (batch read + prefetch, loss, backward, clipping, Adam): XE, and SCST
 with 5 samples per image, the greedy caption as baseline and the CIDEr-D reward, for the
-``fc`` and ``topdown`` models at hidden/embedding/attention 512, dropout 0.5. Reported:
+``fc`` and ``topdown`` models at hidden/embedding/attention 512, dropout 0.5, and (when named in
+``--configs``) the ``transformer`` at SCP's recipe sizes (6 + 6 layers, d_model 512, 8 heads, d_ff
+2048) or ``transformer_small`` (2 + 2 layers, d_model 256, 8 heads, d_ff 1024). Reported:
 median / min / max ms per step over ``--steps`` steps after ``--warmup`` (a step's time
 runs from the end of the previous step, so waiting for the next batch counts; the median
 wait is shown too), images per second, and the process's peak RSS. The second table trains SCST Top-Down on features
@@ -42,7 +44,12 @@ REPO = Path(__file__).resolve().parents[1]
 CAPTIONS = REPO / "../shared/data/coco/karpathy_val5k_captions.json"
 N_TRAIN, PER_IMAGE, MIN_COUNT, MAX_LENGTH = 4500, 5, 5, 16
 DIM, REGIONS, SIZE = 2048, 36, 512
-CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown", "sll_sle-fc", "sll_sle-topdown")
+DEFAULT_CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown", "sll_sle-fc", "sll_sle-topdown")
+#: arch ``transformer``: SCP's recipe sizes (configs/transformer/transformer.yml); ``transformer_small``: a
+#: CPU-sized setting the SCP side shares (gpu_compare.py passes these to scp_transformer_step.py)
+TRANSFORMER_SIZES = {"transformer": {"num_layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048},
+                     "transformer_small": {"num_layers": 2, "d_model": 256, "heads": 8, "d_ff": 1024}}
+CONFIGS = DEFAULT_CONFIGS + tuple(f"{m}-{t}" for m in ("xe", "scst") for t in TRANSFORMER_SIZES)
 CONSTANT_LR = {"lr_decay_every": 0, "lr_decay_rate": 1.0}
 OPTIONS = {
     "xe": {"lr": 5e-4, "epochs": 1, **CONSTANT_LR},
@@ -104,6 +111,18 @@ def build_data(workdir: Path, n_images: int | None = None, seed: int = 0, captio
 
 
 # --- one configuration, in its own process ------------------------------------------------
+def model_options(arch: str) -> tuple[str, dict[str, Any]]:
+    """The registered arch and its options: ``fc`` / ``topdown`` at 512 units, dropout 0.5; the
+    transformers at :data:`TRANSFORMER_SIZES`, dropout 0.1 and 0.5 on the embedded regions (SCP's)."""
+    if arch in TRANSFORMER_SIZES:
+        return "transformer", {**TRANSFORMER_SIZES[arch], "dropout": 0.1, "feat_dropout": 0.5,
+                               "max_positions": MAX_LENGTH + 1}
+    sizes: dict[str, Any] = {"embed_size": SIZE, "hidden_size": SIZE, "dropout": 0.5}
+    if arch == "topdown":
+        sizes["att_hidden_size"] = SIZE
+    return arch, sizes
+
+
 def run_config(paths: dict[str, str], config: str, batch: int, steps: int, warmup: int, device: str,
                amp: str, in_memory: bool, threads: int, profile: str | None = None,
                plain_autograd: bool = False, cuda_graphs: bool = False) -> dict[str, Any]:
@@ -133,10 +152,7 @@ def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warm
     method, arch = config.split("-")
     data = CaptionData(DataPaths(paths["annotations"], paths["vocab"], paths["labels"], paths["features"]),
                        Loading(in_memory=in_memory, cache_mib=64))
-    sizes = {"embed_size": SIZE, "hidden_size": SIZE, "dropout": 0.5}
-    if arch == "topdown":
-        sizes["att_hidden_size"] = SIZE
-    model = build_model(arch, sizes, len(data.vocab), data.feat_dim, data.n_regions)
+    model = build_model(*model_options(arch), len(data.vocab), data.feat_dim, data.n_regions)
     reward = build_reward("cider_d", data.references("train"), load_document_frequencies(paths["cider_df"]))
     env = ObjectiveEnv(decode_words=data.decode, reward=lambda _name: reward, max_length=MAX_LENGTH)
     objective = build_objective(method, OPTIONS[method], env, model)
@@ -166,7 +182,7 @@ def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warm
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"config": config, "batch": batch, "median_ms": round(statistics.median(ms), 1), "min_ms": round(min(ms), 1),
            "max_ms": round(max(ms), 1), "data_wait_ms": round(1000 * statistics.median(waits), 1), "images_per_s": round(1000 * batch / statistics.median(ms), 1),
-           "peak_rss_mib": round(peak, 1), "steps": len(ms), "device": device, "amp": amp,
+           "peak_rss_mib": round(peak, 1), "params": sum(p.numel() for p in model.parameters()), "steps": len(ms), "device": device, "amp": amp,
            "in_memory": in_memory, "images": len(data.split_ids("train")) + len(data.split_ids("val"))}
     if device.startswith("cuda"):
         out["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
@@ -215,7 +231,8 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=CONFIGS,
+                        help="default: all but the transformers (" + ", ".join(sorted(set(CONFIGS) - set(DEFAULT_CONFIGS))) + ")")
     parser.add_argument("--batches", nargs="+", type=int, default=[10, 50])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
