@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import yaml
@@ -293,3 +294,29 @@ def test_a_training_job_reads_every_train_setting_through_its_typed_settings() -
     params["runs"]["topdown-scst"]["model"] = "nowhere"
     with pytest.raises(CaprlError, match="runs.topdown-scst.model"):
         TrainSettings.from_params(params, "synthetic", "topdown-scst")
+
+
+def test_the_schemas_enums_are_the_codes_own_lists() -> None:
+    """Where the schema lists allowed values, they are the ones the code knows (one source of truth):
+    a value added to a registry or tuple and not to the schema (or the reverse) fails here."""
+    from caprl.metrics.embeddings import EMBEDDINGS
+    from caprl.metrics.official import METRICS
+    from caprl.models.fc import CELLS
+    from caprl.training.settings import VALIDATE_WITH
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/params.schema.yaml").read_text())
+    train = schema["properties"]["train"]["properties"]
+    evaluate = schema["properties"]["evaluate"]["properties"]
+    assert train["validate_with"]["enum"] == list(VALIDATE_WITH)
+    assert evaluate["metrics"]["items"]["enum"] == list(METRICS)
+    assert set(schema["$defs"]["clip_score"]["properties"]["embedding"]["enum"]) == {*EMBEDDINGS, "none"}
+    cell = next(v["properties"]["cell"] for v in _walk(schema) if isinstance(v, dict)
+                and "cell" in v.get("properties", {}))
+    assert cell["enum"] == list(CELLS)
+
+
+def _walk(node: Any) -> Any:
+    yield node
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for child in children:
+        yield from _walk(child)
