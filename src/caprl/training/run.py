@@ -140,7 +140,7 @@ def tracked_config(params: dict[str, Any], dataset: str, spec: params_mod.RunSpe
 
 def settings_config(settings: TrainSettings) -> dict[str, Any]:
     """:func:`tracked_config` of a job's resolved settings: the sections as params.yaml has them."""
-    return {"run": run_record(settings.spec, settings.dataset, settings.run), "model": settings.sections["model"],
+    return {"run": run_record(settings.spec, settings.dataset, settings.run), "model": settings.model.entry(),
             "train": settings.sections["train"], "seed": settings.seed, "dataset": settings.sections["dataset"]}
 
 
@@ -166,18 +166,18 @@ def history_json(run: str, position: Position) -> dict[str, Any]:
 
 def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cider_df_path: str,
           inits: dict[str, str], state_dir: Path, dist: Dist | None = None,
-          log_file: str | None = None, spec: params_mod.RunSpec | None = None,
+          log_file: str | None = None, settings: TrainSettings | None = None,
           embedding_inputs: EmbeddingInputs | None = None) -> tuple[Path, Position]:
     """Train ``run`` on ``dataset``; returns the path of the best state and the final position
-    (per-epoch ``history``, ``best_epoch``). ``spec``: the run as the job resolved it (resolved
-    here when not given). Everything read of ``params`` is resolved once into
-    :class:`~caprl.training.settings.TrainSettings`; ``params`` itself goes only to what builds a
-    reward (its ``rewards:`` instance, CLIP-S's embedding source).
+    (per-epoch ``history``, ``best_epoch``). ``settings``: what the job resolved of ``params``
+    (:class:`~caprl.training.settings.TrainSettings`; resolved here when not given): every value is
+    read through it; ``params`` itself goes only to what builds a reward (its ``rewards:``
+    instance, CLIP-S's embedding source).
 
     ``log_file`` (the job's log) is attached to the MLflow run with the config and history;
     ``embedding_inputs``: the files a clip_s reward's embedding reads (``--embedding-listener``, ``--media-root``)."""
     dist = dist or Dist()
-    settings = TrainSettings.from_params(params, dataset, run, spec)
+    settings = settings or TrainSettings.from_params(params, dataset, run)
     spec = settings.spec
     seed_everything(settings.seed + 1000 * dist.rank)  # dropout streams differ per process
     torch.set_num_threads(settings.num_threads)
@@ -264,15 +264,15 @@ def main(args: argparse.Namespace) -> None:
 def run_process(args: argparse.Namespace) -> None:
     """One training process (of one, or of a DDP group); process 0 writes the outputs."""
     params = params_mod.load(args.params)
+    settings = TrainSettings.from_params(params, args.dataset, args.run)  # the job's settings, resolved once
     dist = distributed.from_environment()
-    if dist.world != params["train"]["gpus"]:
-        log.warning("train.gpus is %d but %d processes were launched", params["train"]["gpus"], dist.world)
-    spec = params_mod.run_spec(params, args.run)  # the run as this job trains it, resolved once
-    check_init_files(spec, args.dataset, parse_inits(args.init))
+    if dist.world != settings.gpus:
+        log.warning("train.gpus is %d but %d processes were launched", settings.gpus, dist.world)
+    check_init_files(settings.spec, args.dataset, parse_inits(args.init))
     data = CaptionData.from_args(args, Loading.from_params(params))
     state_dir = Path(args.state_dir)
     best, position = train(params, args.dataset, args.run, data, args.cider_df, parse_inits(args.init), state_dir, dist,
-                           log_file=args.log, spec=spec, embedding_inputs=EmbeddingInputs.from_args(args))
+                           log_file=args.log, settings=settings, embedding_inputs=EmbeddingInputs.from_args(args))
     if not dist.main:
         return
     with io.atomic_path(args.checkpoint) as tmp:

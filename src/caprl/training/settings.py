@@ -31,6 +31,10 @@ class ModelSettings:
     arch: str
     sizes: dict[str, Any]
 
+    def entry(self) -> dict[str, Any]:
+        """The ``models.<name>`` entry as params.yaml writes it (arch first)."""
+        return {"arch": self.arch, **self.sizes}
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -76,7 +80,7 @@ class TrainSettings:
                    validate_with=str(t["validate_with"]), max_length=int(params["decode"]["max_length"]),
                    prefetch=int(params["loading"]["prefetch"]), experiment=str(params["tracking"]["experiment"]),
                    listener=ListenerConfig.from_dict(params["listener"]) if "listener" in params else None,
-                   sections={"train": dict(t), "decode": dict(params["decode"]), "model": dict(params["models"][spec.model]),
+                   sections={"train": dict(t), "decode": dict(params["decode"]),
                              "reward": params["rewards"].get(reward) if reward else None,
                              "listener": params.get("listener"),
                              "dataset": params_mod.dataset_spec(dict(params), dataset)})
