@@ -320,3 +320,24 @@ def _walk(node: Any) -> Any:
     children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
     for child in children:
         yield from _walk(child)
+
+
+def test_the_schemas_objective_options_are_the_methods_own_fields() -> None:
+    """``$defs.objective_options`` (the types and ranges the schema checks first) holds exactly the
+    options some method's ``Options`` dataclass declares; which method takes which is checked per
+    method by that dataclass at plan time (``run_checks.options_problem``), so an option of one
+    method set on another is refused by ``snakemake -n`` naming the run and the key."""
+    import dataclasses
+
+    from caprl.objectives import OBJECTIVES
+    from caprl.objectives.run_checks import options_problem
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/params.schema.yaml").read_text())
+    declared = {f.name for method in OBJECTIVES for f in dataclasses.fields(OBJECTIVES.get(method).Options)}
+    assert set(schema["$defs"]["objective_options"]["properties"]) == declared
+
+    params = params_mod.resolve(default_params())
+    xe = dict(params["objectives"]["xe"])
+    assert options_problem("fc-xe", "xe", xe) is None
+    problem = options_problem("fc-xe", "xe", {**xe, "rho": 0.25})  # PSST's option on an XE run
+    assert problem is not None and "runs.fc-xe.options" in problem and "rho" in problem
