@@ -117,6 +117,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """Every ``caprl`` job a test starts runs as a local Snakemake run's jobs do: forked from a job
+    server that imported torch, MLflow and the stages once (:mod:`caprl.cli.job_server`; ~8 CPU s
+    saved a job), one server per test worker, which the tests' Snakemake runs use too (their
+    ``onstart`` takes a live exported server as it is). A test of a job's own process (killed
+    mid-write, pre-empted, resumed: its signals and pid) uses :func:`jobs_by_themselves`.
+    ``CAPRL_JOB_SERVER=off pytest``: no server, every job by itself."""
+    from caprl.cli import job_server as server
+    from caprl.runtime import socket_service
+
+    if os.environ.get(server.SOCKET_ENV) == socket_service.OFF:
+        yield None
+        return
+    path = f"/tmp/caprl-tests-{os.getuid()}-{os.getpid()}.sock"
+    log = tmp_path_factory.getbasetemp() / f"job-server-{os.getpid()}.log"
+    proc = server.start(path, log_path=log)  # preloads in the background; jobs before it run alone
+    os.environ[server.SOCKET_ENV] = path
+    try:
+        yield path
+    finally:
+        if os.environ.get(server.SOCKET_ENV) == path:
+            del os.environ[server.SOCKET_ENV]
+        with contextlib.suppress(Exception):
+            socket_service.stop(path, server.SERVER_MODULE, what=server.WHAT)
+        socket_service.stop_process(proc)
+
+
+@pytest.fixture
+def jobs_by_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``caprl`` jobs this test starts run in their own processes (no job server): for a test
+    that signals a job or reads its pid."""
+    monkeypatch.setenv("CAPRL_JOB_SERVER", "off")
+
+
 def full_run(config: pytest.Config) -> bool:
     """Whether this session runs the full forms (``--full``)."""
     return bool(config.getoption("--full"))

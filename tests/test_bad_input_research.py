@@ -172,6 +172,7 @@ def test_train_with_a_missing_init_checkpoint_names_the_file_and_the_key(dataset
 
 # -- 4. a killed writer's temporary file -----------------------------------------------------
 
+@pytest.mark.usefixtures("jobs_by_themselves")  # its temporary file is named by the killed process's pid
 def test_a_killed_features_job_leaves_a_temporary_file_that_the_rerun_removes(tmp_path: Path) -> None:
     params = merge(default_params(), TINY)
     params["features"]["shards"] = [0]

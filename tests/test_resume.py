@@ -33,6 +33,9 @@ import yaml
 from conftest import TINY, default_params, merge, sigterm_after_step
 from pipeline_data import DatasetPaths, build_dataset, caprl_command
 
+# jobs killed, frozen and pre-empted by their pid: each runs in its own process, not in the job server
+pytestmark = pytest.mark.usefixtures("jobs_by_themselves")
+
 RESUME = {
     "synthetic": {"n_train": 60},
     "models": {"fc": {"embed_size": 16, "hidden_size": 24, "dropout": 0.1}},  # dropout: XE draws from the RNG too

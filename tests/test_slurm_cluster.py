@@ -35,7 +35,8 @@ from caprl import params as params_mod
 from caprl.workflow.plan import CPU_BACKBONES, build_plan
 from conftest import REPO, TINY, generated_dataset
 
-pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+# the jobs run on the cluster, in their own processes (not in this worker's job server)
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.usefixtures("jobs_by_themselves")]
 
 SLURM_DIR = REPO / "tests" / "slurm"
 PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
