@@ -113,7 +113,8 @@ def train_command(setup: Setup, run: str, dirs: RunDirs) -> list[str]:
 def launch(cmd: list[str], dirs: RunDirs, cwd: Path, env: dict[str, str], attempt: int) -> subprocess.Popen[bytes]:
     dirs.root.mkdir(parents=True, exist_ok=True)
     with open(dirs.root / f"output{attempt}.txt", "wb") as out:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, cwd=cwd, env={**env, "CAPRL_JOB_SERVER": "off"}, stdout=out,
+                                stderr=subprocess.STDOUT)
 
 
 def output(dirs: RunDirs, attempt: int) -> str:

@@ -6,8 +6,8 @@ modules before it does anything: ~5-8 s of CPU per job, for ~150 jobs in the dem
 third of a small job's time. The job server imports all of that once; a job's ``caprl`` command
 then sends its arguments, working directory, environment and standard streams (the file
 descriptors themselves) over a Unix socket, and the server forks a child that runs the stage
-exactly as the command would have (:func:`caprl.cli.run`), with the job's streams, directory and
-environment (the command's side: :mod:`caprl.runtime.job_client`). The command waits for the child's exit status and exits with it; signals sent to
+exactly as the command would have (:func:`caprl.cli.run`), with the job's streams, directory,
+environment, resource limits and umask (the command's side: :mod:`caprl.runtime.job_client`). The command waits for the child's exit status and exits with it; signals sent to
 the command (Snakemake stopping a job, SIGTERM from a scheduler) are passed on to the child, and
 a child whose command has gone is terminated. The server never runs torch code itself, so the
 children start as fresh processes do (no thread pool, no CUDA context, unseeded RNGs that every
@@ -44,7 +44,7 @@ from caprl.runtime import socket_service as service
 from caprl.cli import STAGES, TOOLS
 from caprl.cli import main as run_stage
 from caprl.errors import CaprlError
-from caprl.runtime.job_client import FORWARDED, SOCKET_ENV, pass_on
+from caprl.runtime.job_client import FORWARDED, LIMITS, SOCKET_ENV, pass_on
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ def _child(request: dict[str, Any], fds: list[int], listener: socket.socket, con
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request["cwd"])
+        take_process_state(request)
         os.environ.clear()
         os.environ.update({k: v for k, v in request["env"].items() if k != SOCKET_ENV})
         sys.argv = ["caprl", *request["argv"]]
@@ -119,6 +120,24 @@ def _child(request: dict[str, Any], fds: list[int], listener: socket.socket, con
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def take_process_state(request: dict[str, Any]) -> None:
+    """The command's resource limits and umask (:func:`caprl.runtime.job_client.process_state`), so
+    that a job under ``ulimit -f`` or a strict umask behaves in the server as by itself. A limit the
+    child may not take (above the server's hard limit) is said on the job's stderr."""
+    import resource
+
+    if isinstance(request.get("umask"), int):
+        os.umask(request["umask"])
+    for name, (soft, hard) in (request.get("limits") or {}).items():
+        if name not in LIMITS or not hasattr(resource, name):
+            continue
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (ValueError, OSError) as exc:
+            print(f"caprl: the job server could not give this job its command's {name} ({soft}, {hard}): {exc}; "
+                  f"run it with {SOCKET_ENV}=off to have it", file=sys.stderr)
 
 
 def _status_code(status: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import sys
@@ -18,6 +19,18 @@ from caprl.runtime import socket_service as service
 SOCKET_ENV = "CAPRL_JOB_SERVER"
 OFF = service.OFF  # `CAPRL_JOB_SERVER=off snakemake ...`: no job server, every job runs by itself
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # the command passes these on
+#: resource limits the job takes from its command (``ulimit -f`` before a job holds in the job server too)
+LIMITS = ("RLIMIT_FSIZE", "RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE",
+          "RLIMIT_NOFILE", "RLIMIT_MEMLOCK", "RLIMIT_NPROC")
+
+
+def process_state() -> dict[str, object]:
+    """What a job inherits from its process besides argv, cwd, environment and streams: its
+    resource limits and umask, for the server's child to take on."""
+    mask = os.umask(0)
+    os.umask(mask)
+    limits = {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS if hasattr(resource, name)}
+    return {"limits": limits, "umask": mask}
 
 
 def run_in_server(argv: Sequence[str]) -> int | None:
@@ -30,7 +43,7 @@ def run_in_server(argv: Sequence[str]) -> int | None:
     try:
         sock.settimeout(2.0)
         sock.connect(path)
-        data = service.frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)})
+        data = service.frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), **process_state()})
         socket.send_fds(sock, [data], [0, 1, 2])
         answer = service.recv(sock)
         child = int(answer["pid"])
