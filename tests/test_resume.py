@@ -33,9 +33,6 @@ import yaml
 from conftest import TINY, default_params, merge, sigterm_after_step
 from pipeline_data import DatasetPaths, build_dataset, caprl_command
 
-# jobs killed, frozen and pre-empted by their pid: each runs in its own process, not in the job server
-pytestmark = pytest.mark.usefixtures("jobs_by_themselves")
-
 RESUME = {
     "synthetic": {"n_train": 60},
     "models": {"fc": {"embed_size": 16, "hidden_size": 24, "dropout": 0.1}},  # dropout: XE draws from the RNG too
@@ -112,7 +109,7 @@ def train_command(setup: Setup, run: str, dirs: RunDirs) -> list[str]:
 
 def launch(cmd: list[str], dirs: RunDirs, cwd: Path, env: dict[str, str], attempt: int) -> subprocess.Popen[bytes]:
     dirs.root.mkdir(parents=True, exist_ok=True)
-    with open(dirs.root / f"output{attempt}.txt", "wb") as out:
+    with open(dirs.root / f"output{attempt}.txt", "wb") as out:  # killed and signalled by its pid: no job server
         return subprocess.Popen(cmd, cwd=cwd, env={**env, "CAPRL_JOB_SERVER": "off"}, stdout=out,
                                 stderr=subprocess.STDOUT)
 
