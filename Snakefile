@@ -50,10 +50,10 @@ rule tuning:  # each tuned run's options chosen on the validation split (tuning:
         TUNING_FILES,
 
 
-# Three helpers shared by the jobs of a local run (caprl.cli.services): the job server (torch, MLflow
-# and every stage imported once, each `caprl` job forked from it: ~5-8 s of CPU saved per job), one
-# METEOR JVM (~6 s per evaluation) and one MLflow client (~1.5 s per tracked job). The jobs find them
-# through environment variables and do the work themselves without them. Not started on dry runs
+# Two helpers shared by the jobs of a local run (caprl.cli.services): the job server (torch, MLflow
+# and every stage imported once, each `caprl` job forked from it: ~5-8 s of CPU saved per job) and one
+# METEOR JVM (~6 s per evaluation). The jobs find them through environment variables and do the
+# work themselves without them. Not started on dry runs
 # (Snakemake runs no hooks then) nor for cluster executors (jobs on other nodes cannot reach them);
 # they exit by themselves when Snakemake does, even if neither hook below runs.
 onstart:

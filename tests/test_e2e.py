@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -73,7 +73,9 @@ def all_scores(workdir: Path, plan: Any = None) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def snakemake_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def snakemake_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    if any("dvc_run" in item.fixturenames for item in request.session.items if item.path == request.path):
+        request.getfixturevalue("dvc_started")  # DVC's stages run beside Snakemake's jobs (wall time)
     work = fresh_copy(tmp_path_factory.mktemp("e2e") / "snakemake", PARAMS)
     run(["snakemake", "--cores", "2", "all_tables"], work)
     return work
@@ -224,12 +226,12 @@ def test_mlflow_has_one_run_per_job(snakemake_run: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def dvc_run(snakemake_run: Path, tmp_path_factory: pytest.TempPathFactory,
-            request: pytest.FixtureRequest) -> tuple[Path, Any]:
-    """The same params, DVC_METHODS' runs and DVC_TABLES only, run by `dvc repro` in another copy
-    (through `caprl with-services`, as the docs run it; `dvc exp run` below runs without): its
-    folder and plan. CI's reduced form leaves the video set out (its 13 stages: `pytest --full`)."""
-    params = yaml.safe_load((snakemake_run / "params.yaml").read_text())
+def dvc_started(tmp_path_factory: pytest.TempPathFactory,
+                request: pytest.FixtureRequest) -> Iterator[tuple[Path, Any, subprocess.Popen]]:
+    """The same params, DVC_METHODS' runs and DVC_TABLES only, started under `dvc repro` in another
+    copy (through `caprl with-services`, as the docs run it; `dvc exp run` below runs without): its
+    folder, plan and process. CI's reduced form leaves the video set out (its 13 stages: `pytest --full`)."""
+    params = merge(PARAMS, {})
     runs = expand_sweeps(params)["runs"]
     if not full_run(request.config):
         params["datasets"][VIDEO]["enabled"] = False
@@ -240,8 +242,23 @@ def dvc_run(snakemake_run: Path, tmp_path_factory: pytest.TempPathFactory,
         spec.update(tables=tables, runs=[r for r in spec["runs"] if runs[r]["model"] == "fc"
                                          and runs[r]["method"] in DVC_METHODS[: 4 if ds == "synthetic" else 1]])
     work = fresh_copy(tmp_path_factory.mktemp("dvc") / "dvc", params)
-    run(["caprl", "with-services", "dvc", "repro", "--quiet"], work)  # as docs/dvc-mlflow.md runs it
-    return work, build_plan(params)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    with (work / "dvc-repro.out").open("w") as out:  # as docs/dvc-mlflow.md runs it
+        proc = subprocess.Popen(["caprl", "with-services", "dvc", "repro", "--quiet"], cwd=work, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+    yield work, build_plan(params), proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def dvc_run(dvc_started: tuple[Path, Any, subprocess.Popen]) -> tuple[Path, Any]:
+    """`dvc repro` of :func:`dvc_started`, finished: its folder and plan."""
+    work, plan, proc = dvc_started
+    code = proc.wait(timeout=900)
+    assert code == 0, f"dvc repro failed:\n{(work / 'dvc-repro.out').read_text()[-6000:]}"
+    return work, plan
 
 
 def test_dvc_repro_runs_the_same_stages_with_the_same_metrics(snakemake_run: Path, dvc_run: tuple[Path, Any]) -> None:

@@ -1,6 +1,6 @@
 """The job server (caprl.cli.job_server): `caprl` commands run as children of one pre-loaded process.
 
-Real server processes, real `caprl` commands (the console script's `main`, in fresh
+Real server processes, real `caprl` commands (the console script's `entry`, in fresh
 interpreters), a real training job on a tiny generated dataset: the same outputs as a job run
 by itself, its streams, directory, exit code; a SIGTERM to the command reaches the job (which
 saves its step and exits 143) and the job resumes; a command without a server runs by itself."""
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from caprl import cli
 from caprl.cli import job_server
 from caprl.runtime import socket_service
 from conftest import TINY, default_params, merge
@@ -109,6 +110,18 @@ def test_exit_codes_errors_and_directory_are_the_commands(server: tuple[str, Pat
                             capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: caprl curves")
     assert forked_jobs(log) == before + 2
+
+
+def test_main_called_from_python_runs_in_its_caller(server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the command forwards: ``caprl.cli.main(argv)`` runs the stage here, server or not."""
+    path, log = server
+    before = forked_jobs(log)
+    monkeypatch.setenv(job_server.SOCKET_ENV, path)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["curves", "--help"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("usage: caprl curves")
+    assert forked_jobs(log) == before
 
 
 @pytest.mark.parametrize("where", ["gone", "off"])

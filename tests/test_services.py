@@ -1,4 +1,4 @@
-"""`caprl with-services <command>`: the local run's three helpers for a command without hooks (dvc repro)."""
+"""`caprl with-services <command>`: the local run's two helpers for a command without hooks (dvc repro)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-VARIABLES = ("CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET", "CAPRL_MLFLOW_RELAY")
+VARIABLES = ("CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET")
 
 PROBE = """
 import json, os, sys
@@ -31,7 +31,7 @@ sys.exit(int(sys.argv[2]))
 """ % (VARIABLES,)
 
 
-def test_the_command_runs_with_the_three_services_and_its_exit_code_is_returned(tmp_path: Path) -> None:
+def test_the_command_runs_with_the_two_services_and_its_exit_code_is_returned(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     probe, seen = tmp_path / "probe.py", tmp_path / "seen.json"
@@ -41,11 +41,11 @@ def test_the_command_runs_with_the_three_services_and_its_exit_code_is_returned(
     assert proc.returncode == 3, proc.stderr[-3000:]  # the command's own exit code
     found = json.loads(seen.read_text())
     assert all(path and path.startswith("/tmp/caprl-") for path, _ in found.values()), found
-    # the METEOR server and the relay answer at once; the job server's socket appears after its preloading
-    assert found["CAPRL_METEOR_SOCKET"][1] and found["CAPRL_MLFLOW_RELAY"][1], found
+    # the METEOR server answers at once; the job server's socket appears after its preloading
+    assert found["CAPRL_METEOR_SOCKET"][1], found
     assert not any(os.path.exists(path) for path, _ in found.values())  # stopped, sockets removed
     logs = sorted(p.name for p in (tmp_path / "logs" / "services").iterdir())
-    assert logs == sorted(["caprl.cli.job_server.log", "caprl.metrics.meteor_server.log", "caprl.tracking.store.log"]), logs
+    assert logs == sorted(["caprl.cli.job_server.log", "caprl.metrics.meteor_server.log"]), logs
 
 
 def test_no_command_is_a_clear_error(tmp_path: Path) -> None:
@@ -53,13 +53,12 @@ def test_no_command_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "no command given" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("env_var", ["CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET", "CAPRL_MLFLOW_RELAY"])
+@pytest.mark.parametrize("env_var", ["CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET"])
 def test_a_server_variable_set_to_off_starts_no_server_and_jobs_work_alone(env_var: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """``CAPRL_<SERVER>=off snakemake ...``: that shared server is not started (how docs/pipeline.md
     measures what each one saves), and the jobs' clients do the work themselves."""
     from caprl.runtime import job_client, socket_service
-    from caprl.tracking import store
 
     launched: list[str] = []
     monkeypatch.setenv(env_var, socket_service.OFF)
@@ -67,7 +66,5 @@ def test_a_server_variable_set_to_off_starts_no_server_and_jobs_work_alone(env_v
                                        "caprl.test") is None
     socket_service.stop_shared(env_var)
     assert launched == [] and os.environ[env_var] == "off"
-    if env_var == "CAPRL_MLFLOW_RELAY":
-        assert store.relay_for("sqlite:///mlflow.db") is None
     if env_var == "CAPRL_JOB_SERVER":
         assert job_client.SOCKET_ENV == env_var and job_client.OFF == socket_service.OFF

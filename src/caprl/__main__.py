@@ -1,3 +1,3 @@
-from caprl.cli import main
+from caprl.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -47,8 +47,8 @@ STAGES: dict[str, tuple[str, str]] = {
                          "remake the synthetic sets' backbone weights: a tiny CNN trained on single rendered shapes"),
     "dvc-lock": ("caprl.workflow.dvc_sync", "after a Snakemake run: record its outputs in dvc.lock and DVC's cache (dvc commit)"),
     "mlflow-sync": ("caprl.workflow.mlflow_sync", "log to MLflow, from the jobs' files, what their jobs could not (server down)"),
-    "with-services": ("caprl.cli.services", "run a command (e.g. dvc repro) with the job server, METEOR server and MLflow "
-                                        "relay that a local Snakemake run starts for its jobs"),
+    "with-services": ("caprl.cli.services", "run a command (e.g. dvc repro) with the job server and METEOR server "
+                                        "that a local Snakemake run starts for its jobs"),
 }
 # Stages that maintain the repository, not steps of the DAG.
 TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "setup-spice", "bottomup",
@@ -82,15 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def entry() -> int:
+    """The ``caprl`` command (and ``python -m caprl``): a DAG stage goes to the job server named by
+    ``$CAPRL_JOB_SERVER`` when one answers there (a local Snakemake run's pre-loaded process), else
+    runs here. Only the command forwards; :func:`main` always runs in the calling process."""
+    argv = sys.argv[1:]
     stage = next((a for a in argv if not a.startswith("-")), None)
     if stage in STAGES and stage not in TOOLS and os.environ.get("CAPRL_JOB_SERVER"):
-        from caprl.runtime.job_client import run_in_server  # a local Snakemake run's pre-loaded process
+        from caprl.runtime.job_client import run_in_server
 
         code = run_in_server(argv)
         if code is not None:
             return code
+    return main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``caprl *argv`` in this process; its exit code (2: a user error, printed without a traceback)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stage = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser()
     # Parse the stage name first, then let the stage add its own arguments.
     if stage in STAGES:

@@ -6,7 +6,7 @@ modules before it does anything: ~5-8 s of CPU per job, for ~150 jobs in the dem
 third of a small job's time. The job server imports all of that once; a job's ``caprl`` command
 then sends its arguments, working directory, environment and standard streams (the file
 descriptors themselves) over a Unix socket, and the server forks a child that runs the stage
-exactly as the command would have (:func:`caprl.cli.run`), with the job's streams, directory,
+exactly as the command would have (:func:`caprl.cli.main`), with the job's streams, directory,
 environment, resource limits and umask (the command's side: :mod:`caprl.runtime.job_client`). The command waits for the child's exit status and exits with it; signals sent to
 the command (Snakemake stopping a job, SIGTERM from a scheduler) are passed on to the child, and
 a child whose command has gone is terminated. The server never runs torch code itself, so the
@@ -31,6 +31,7 @@ import gc
 import importlib
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -126,8 +127,6 @@ def take_process_state(request: dict[str, Any]) -> None:
     """The command's resource limits and umask (:func:`caprl.runtime.job_client.process_state`), so
     that a job under ``ulimit -f`` or a strict umask behaves in the server as by itself. A limit the
     child may not take (above the server's hard limit) is said on the job's stderr."""
-    import resource
-
     if isinstance(request.get("umask"), int):
         os.umask(request["umask"])
     for name, (soft, hard) in (request.get("limits") or {}).items():

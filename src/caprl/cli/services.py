@@ -1,11 +1,9 @@
-"""The three helpers a local run's jobs share, and ``caprl with-services <command>``.
+"""The two helpers a local run's jobs share, and ``caprl with-services <command>``.
 
 * the job server (``$CAPRL_JOB_SERVER``, :mod:`caprl.cli.job_server`): torch, MLflow and every
   stage imported once; each ``caprl`` job is forked from it (~5-8 s of CPU saved per job);
 * one METEOR JVM (``$CAPRL_METEOR_SOCKET``, :mod:`caprl.metrics.meteor_server`; ~6 s per
-  evaluation);
-* one MLflow client (``$CAPRL_MLFLOW_RELAY``, :mod:`caprl.tracking.store`; ~1.5 s per
-  tracked job).
+  evaluation).
 
 Jobs find them through the environment and do the work themselves without them. The
 Snakefile's ``onstart`` starts them for a local Snakemake run. ``dvc repro`` has no such
@@ -32,14 +30,13 @@ LOG_DIR = "logs/services"  # with-services' server logs (a Snakemake run's: .sna
 
 def _services() -> list[tuple[str, ModuleType]]:
     from caprl.cli import job_server
-    from caprl.tracking import store as tracking_store
     from caprl.metrics import meteor_client
 
-    return [("job server", job_server), ("METEOR server", meteor_client), ("MLflow relay", tracking_store)]
+    return [("job server", job_server), ("METEOR server", meteor_client)]
 
 
 def start_all(log_dir: str | Path) -> dict[str, str]:
-    """Start the three services for the jobs this process spawns (their variables exported in
+    """Start the two services for the jobs this process spawns (their variables exported in
     ``os.environ``); ``{name: socket}`` of those that started (never raises)."""
     started = {}
     for name, service in _services():

@@ -1,8 +1,8 @@
 """A small server behind a Unix domain socket, shared by the jobs of one local workflow run.
 
-Two services use it: the METEOR JVM (:mod:`caprl.metrics.meteor_server`) and the MLflow
-relay (:mod:`caprl.tracking_relay`). Each saves every job a start-up cost it would otherwise
-pay alone (a JVM; importing MLflow and opening its store). A service module supplies a
+Two services use it: the METEOR JVM (:mod:`caprl.metrics.meteor_server`) and the job server
+(:mod:`caprl.cli.job_server`). Each saves every job a start-up cost it would otherwise pay
+alone (a JVM; importing torch, MLflow and the stage). A service module supplies a
 handler (one request dict -> one answer dict); this module supplies the rest: the framing,
 binding over stale files, the serving loop, its lifetime (idle timeout, the parent process's
 end, SIGTERM/SIGINT, a ``shutdown`` request), a pid file, and starting and stopping the

@@ -13,8 +13,7 @@ directory (artifacts in ``mlartifacts/``). If MLflow fails (a dead or slow serve
 database) the job logs one warning and goes on: a dead server costs a connect timeout
 (``tracking_store.CONNECT_TIMEOUT``), a slow one a request timeout, then tracking is off for
 the job. Everything is also in the job's own files, from which ``caprl mlflow-sync`` logs later.
-Under a local Snakemake run the calls go through the run's MLflow relay (one MLflow client for
-every job; :mod:`caprl.tracking.store`), else through MLflow's own client in the job.
+Every call goes through MLflow's own client in the job (:mod:`caprl.tracking.store`).
 """
 
 from __future__ import annotations
