@@ -5,6 +5,7 @@ Real Snakemake, DVC, MLflow (sqlite) and pycocoevalcap, in a fresh copy of the w
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -231,7 +232,7 @@ def dvc_started(tmp_path_factory: pytest.TempPathFactory,
     """The same params, DVC_METHODS' runs and DVC_TABLES only, started under `dvc repro` in another
     copy (through `caprl with-services`, as the docs run it; `dvc exp run` below runs without): its
     folder, plan and process. CI's reduced form leaves the video set out (its 13 stages: `pytest --full`)."""
-    params = merge(PARAMS, {})
+    params = copy.deepcopy(PARAMS)
     runs = expand_sweeps(params)["runs"]
     if not full_run(request.config):
         params["datasets"][VIDEO]["enabled"] = False

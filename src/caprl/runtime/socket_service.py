@@ -313,7 +313,7 @@ def serve(socket_path: str | Path, handler: Handler, idle_timeout_s: float, pare
 
 # -- starting and stopping -------------------------------------------------------------------
 def start(module: str, socket_path: str | Path, args: Sequence[str] = (), parent_pid: int | None = None,
-          log_path: str | Path | None = None, wait_s: float | None = 10.0, cwd: str | Path = "/",
+          log_path: str | Path | None = None, wait_s: float | None = 10.0,
           drop_env: Sequence[str] = (), what: str = "server") -> subprocess.Popen[bytes]:
     """Launch ``python -m module --socket P --parent-pid N [--verbose] *args`` detached; return once
     it answers a ping.
@@ -339,7 +339,7 @@ def start(module: str, socket_path: str | Path, args: Sequence[str] = (), parent
         out = open(log_path, "ab")  # noqa: SIM115 (handed to the child, closed below)
     try:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=env, cwd=cwd)
+                                start_new_session=True, close_fds=True, env=env, cwd="/")
     finally:
         if not isinstance(out, int):
             out.close()

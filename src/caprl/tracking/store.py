@@ -97,8 +97,3 @@ class Store:
 
     def set_terminated(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status)
-
-
-def open_store(uri: str) -> Store:
-    """MLflow's client on the store at ``uri`` (ConnectionError: an HTTP server that does not answer)."""
-    return Store(uri)
