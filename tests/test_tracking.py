@@ -215,3 +215,36 @@ def test_a_run_retrained_with_other_parameters_gets_a_new_mlflow_run(tracked: di
     assert new.data.metrics["best/epoch"] >= 0
     original = dataset.workdir / CHECKPOINT.format(dataset="synthetic", run="fc-scst")  # the first training's
     assert mlflow_run_id(original) == old.info.run_id and mlflow_run_id(work / original.relative_to(dataset.workdir)) == new.info.run_id
+
+
+START_TOGETHER = """
+import sys, time
+from caprl.tracking import Tracker
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+with Tracker("caprl", f"job{sys.argv[1]}/evaluate", stage="evaluate") as tracker:
+    tracker.log_metrics({"test/CIDEr-D": 1.0})
+print(tracker.active)
+"""
+
+
+def test_jobs_opening_a_new_store_at_once_all_get_their_runs(tmp_path: Path) -> None:
+    """The workflow's first jobs start together on a store nobody has opened yet: each one's
+    MLflow creates the SQLite schema unless another already holds the lock, so none loses its run
+    (unlocked, all but one failed on "table alembic_version already exists")."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    start = f"{time.time() + 6:.3f}"  # after every process has imported MLflow
+    procs = [subprocess.Popen([sys.executable, "-c", START_TOGETHER, str(i), start], cwd=tmp_path,
+                              env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [out.strip() for out, _ in outputs] == ["True"] * 4, [err[-2000:] for _, err in outputs]
+    exp = MlflowClient(tracking_uri=uri).get_experiment_by_name("caprl")
+    runs = MlflowClient(tracking_uri=uri).search_runs([exp.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == [f"job{i}/evaluate" for i in range(4)]
+    assert (tmp_path / "store" / "mlflow.db.lock").exists()  # beside the store, not in the job's folder

@@ -60,25 +60,32 @@ class Store:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        with self._schema_lock():  # MLflow creates or migrates an SQLite schema on opening it
+            self.client = MlflowClient(tracking_uri=uri)
+
+    def _schema_lock(self) -> Any:
+        """A lock beside an SQLite store's file (parallel jobs: one creates the schema and the
+        experiment, the others wait; unlocked, all but one fail on "table already exists");
+        no lock for a server, which serialises its own writes."""
+        from contextlib import nullcontext
+
+        from filelock import FileLock
+
+        if not self.uri.startswith("sqlite:"):
+            return nullcontext()
+        db = Path(urlsplit(self.uri).path.removeprefix("/")) if self.uri.startswith("sqlite:///") else None
+        lock = db.with_name(db.name + ".lock") if db and db.name else Path.cwd() / ".mlflow.lock"
+        return FileLock(str(lock), timeout=120)
 
     def open_run(self, experiment: str, run_name: str, tags: dict[str, str], run_id: str | None,
                  keep_status: bool) -> tuple[str, str]:
         """(experiment id, run id): a new run, or ``run_id`` reopened (RUNNING unless ``keep_status``)."""
-        from filelock import FileLock
-
-        lock = FileLock(str(Path.cwd() / ".mlflow.lock")) if self.uri.startswith("sqlite:") else None
-        if lock is not None:
-            lock.acquire(timeout=120)  # parallel jobs: one creates the schema and the experiment
-        try:
+        with self._schema_lock():
             exp = experiment_id(self.client, experiment, self.uri)
             if run_id is None:
                 run_id = self.client.create_run(exp, run_name=run_name, tags=tags).info.run_id
             elif not keep_status:
                 self.client.update_run(run_id, status="RUNNING")  # a resumed training job
-        finally:
-            if lock is not None:
-                lock.release()
         return exp, str(run_id)
 
     def log_batch(self, run_id: str, metrics: Sequence[Metric] = (), params: Sequence[tuple[str, str]] = (),
