@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = re.compile(r"^(?P<ds>[^/]+)/fc-(?P<method>[a-z0-9_]+?)-lam(?P<lam>[0-9_]+)(?:-rho(?P<rho>[0-9_]+))?$")
 TABLE2 = ["luo2018", "reinforce_joint", "st_gumbel", "st_multinomial", "psst_gumbel", "psst_multinomial"]
-TABLE_RHO = "0_25"  # discriminative.table_rho of the claims config: the PSST rows of Table 2
+TABLE_RHO = 0.25  # discriminative.table_rho of the claims config: the PSST rows of Table 2
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -52,19 +50,21 @@ def spearman(x: list[float], y: list[float]) -> float:
     return sxy / (sxx * syy) ** 0.5 if sxx and syy else float("nan")
 
 
-def points(stored: dict) -> dict[tuple[str, str | None], list[tuple[int, float, float, float]]]:
-    """(method, ρ) -> [(seed, λ, val CIDEr-D, val R@10)] of every run with both validation numbers."""
-    out: dict[tuple[str, str | None], list[tuple[int, float, float, float]]] = defaultdict(list)
+def points(stored: dict) -> dict[tuple[str, float | None], list[tuple[int, float, float, float]]]:
+    """(method, ρ) -> [(seed, λ, val CIDEr-D, val R@10)] of every run with a λ and both validation
+    numbers; method, λ and ρ as the run's evaluation stored them (never read off its name)."""
+    out: dict[tuple[str, float | None], list[tuple[int, float, float, float]]] = defaultdict(list)
     for seed, values in stored["per_seed"].items():
         for run, val in values.get("validation", {}).items():
-            m = RUN.match(run)
-            if m and "CIDEr-D" in val and "R@10" in val:
-                lam = float(m["lam"].replace("_", "."))
-                out[(m["method"], m["rho"])].append((int(seed), lam, val["CIDEr-D"], val["R@10"]))
+            info = values.get("runs", {}).get(run, {})
+            options = info.get("options", {})
+            if "lam" in options and "CIDEr-D" in val and "R@10" in val:
+                out[(info["method"], options.get("rho"))].append((int(seed), float(options["lam"]), val["CIDEr-D"],
+                                                                   val["R@10"]))
     return out
 
 
-def overlap_by_seed(pts: dict[tuple[str, str | None], list[tuple[int, float, float, float]]]) -> dict[int, tuple[float, float]]:
+def overlap_by_seed(pts: dict[tuple[str, float | None], list[tuple[int, float, float, float]]]) -> dict[int, tuple[float, float]]:
     """seed -> (highest lowest, lowest highest) val CIDEr-D of Table 2's six curves: they overlap
     where the first is at most the second."""
     spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
@@ -86,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     pts = points(stored)
     print(f"{stored['meta']['commit']}, {len(stored['per_seed'])} seeds; Spearman's rho over every seed and λ")
     print(f"{'method (ρ)':<24} {'runs':>4} {'λ~CIDEr-D':>10} {'λ~R@10':>8} {'CIDEr-D~R@10':>13}")
-    for (method, rho), p in sorted(pts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    for (method, rho), p in sorted(pts.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0.0)):
         lam, cider, r10 = [x[1] for x in p], [x[2] for x in p], [x[3] for x in p]
-        name = method + (f" ({rho.replace('_', '.')})" if rho else "")
+        name = method + (f" ({rho:g})" if rho is not None else "")
         print(f"{name:<24} {len(p):>4} {spearman(lam, cider):>10.2f} {spearman(lam, r10):>8.2f} "
               f"{spearman(cider, r10):>13.2f}")
     print("\nTable 2's validation curves in CIDEr-D, per seed: highest lowest vs lowest highest")
