@@ -407,6 +407,11 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
              f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores{at_once(meta)}; "
              f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
              *([f"**Not re-trained:** {meta['reread']['note']}"] if meta.get("reread") else []),
+             *([f"Scores made at {', '.join(meta['made_at'])} (the same code as {meta['commit']})."]
+               if meta.get("made_at") and not meta.get("other_code") and meta["made_at"] != [meta["commit"]] else []),
+             *([f"**Scores made by other code:** {', '.join(meta['other_code'])} (of {', '.join(meta['made_at'])}): "
+                "the seed folders held runs of earlier code, which the workflow does not re-train when only the "
+                "code changes; re-run with a fresh `--workdir`."] if meta.get("other_code") else []),
              "", *HEADER, *map(claim_line, results), ""]
     for r in results:
         lines.append(f"* {r['text']}: a = {', '.join(_f(x) for x in r['a'])}; b = {', '.join(_f(x) for x in r['b'])}"
@@ -432,6 +437,28 @@ def commit() -> str:
     return f"{name}-dirty" if changed.stdout.strip() else name
 
 
+CODE_PATHS = ["src", "workflow", "Snakefile", "params.yaml", "configs", "pyproject.toml"]  # what builds a score
+
+
+def made_at(per_seed: dict[Any, dict[str, Any]]) -> list[str]:
+    """The commits the seeds' score files were made at (their ``provenance``), short, sorted."""
+    return sorted({str(scores.get("provenance", {}).get("git_commit") or "unknown")[:7]
+                   for seed in per_seed.values() for scores in seed.get("runs", {}).values()})
+
+
+def other_code(commits: list[str], head: str) -> list[str]:
+    """The commits among ``commits`` whose code (``CODE_PATHS``) differs from ``head``'s: a seed
+    folder kept from an earlier run holds runs that the workflow does not re-train when only the
+    code changed, so their scores are of that code, whatever commit the claims run is labelled with."""
+    head = head.removesuffix("-dirty")
+    differ = []
+    for c in commits:
+        same = subprocess.run(["git", "diff", "--quiet", c, head, "--", *CODE_PATHS], cwd=REPO, capture_output=True)
+        if same.returncode != 0:
+            differ.append(c)
+    return differ
+
+
 def summary_markdown(out_dir: Path) -> str:
     lines = ["| paper | claim | mean a vs b | paired diff | 95% CI | seeds | verdict |",
              "|---|---|---|---|---|---|---|"]
@@ -440,7 +467,9 @@ def summary_markdown(out_dir: Path) -> str:
         data = json.loads(path.read_text())
         reread = data["meta"].get("reread")
         stamps.append(f"{data['paper']}: {data['meta']['commit']}, {data['meta']['date']}"
-                      + (f" (verdicts re-read at {reread['commit']} from those scores)" if reread else ""))
+                      + (f" (verdicts re-read at {reread['commit']} from those scores)" if reread else "")
+                      + (f" (**scores made by other code: {', '.join(data['meta']['other_code'])}**)"
+                         if data["meta"].get("other_code") else ""))
         for r in data["results"]:
             cells = claim_line(r).split(" | ")
             lines.append(f"| {data['paper']} | {cells[0].lstrip('| ')} | " + " | ".join(cells[2:]))
@@ -493,7 +522,12 @@ def run_paper(paper: str, args: argparse.Namespace) -> None:
             "seconds": round(time.time() - started), "cores": args.cores, "seed_jobs": args.seed_jobs,
             "commit": commit(),
             "date": datetime.date.today().isoformat(), "config": str(path.relative_to(REPO)),
-            "test_images": params["synthetic"]["n_test"]}
+            "test_images": params["synthetic"]["n_test"], "made_at": made_at(per_seed)}
+    meta["other_code"] = other_code(meta["made_at"], meta["commit"])
+    if meta["other_code"]:
+        print(f"paper {paper}: scores made by other code ({', '.join(meta['other_code'])}) than {meta['commit']}'s: "
+              f"{Path(args.workdir) / paper} held runs of an earlier commit; a fresh --workdir re-trains them",
+              file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{paper}.json").write_text(json.dumps({"paper": paper, "title": config["title"], "meta": meta,

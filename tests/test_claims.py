@@ -156,6 +156,50 @@ def test_the_commit_is_dirty_for_code_not_for_the_claims_own_outputs(tmp_path, m
     assert claims.commit().endswith("-dirty")
 
 
+
+def test_scores_made_by_other_code_than_the_label_are_said(tmp_path, monkeypatch):
+    """A seed folder kept from an earlier claims run holds runs the workflow does not re-train when only
+    the code changed: the commits the scores were made at come from their provenance, and a commit
+    whose code (src, workflow, params, configs) differs from the label's is named in the page and the
+    summary; one that differs in documents only is not."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q"); git("config", "user.email", "t@t"); git("config", "user.name", "t")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "code.py").write_text("a\n")
+    (tmp_path / "README.md").write_text("a\n")
+    git("add", "."); git("commit", "-qm", "old")
+    old = git("rev-parse", "HEAD")
+    (tmp_path / "src" / "code.py").write_text("b\n")
+    git("commit", "-qam", "code")
+    code = git("rev-parse", "HEAD")
+    (tmp_path / "README.md").write_text("b\n")
+    git("commit", "-qam", "docs")
+    head = git("rev-parse", "--short=7", "HEAD")
+    monkeypatch.setattr(claims, "REPO", tmp_path)
+
+    def seed(*commits):
+        return {"runs": {f"synthetic/r{i}": {"provenance": {"git_commit": c}} for i, c in enumerate(commits)}}
+
+    per_seed = {1: seed(code, head), 2: seed(old)}
+    assert claims.made_at(per_seed) == sorted({code[:7], head, old[:7]})
+    assert claims.other_code(claims.made_at(per_seed), head) == [old[:7]]
+    assert claims.other_code([code[:7], head], head + "-dirty") == []  # docs only between them
+    meta = {"n_seeds": 2, "seeds": [1, 2], "test_images": 10, "seconds": 1, "cores": 2, "commit": head,
+            "date": "2026-01-01", "config": "c.yaml", "made_at": claims.made_at(per_seed), "other_code": [old[:7]]}
+    md = claims.paper_markdown({"paper": "9", "title": "t"}, [], meta)
+    assert f"**Scores made by other code:** {old[:7]}" in md and "fresh `--workdir`" in md
+    same = claims.paper_markdown({"paper": "9", "title": "t"}, [], {**meta, "made_at": [code[:7], head], "other_code": []})
+    assert "other code" not in same and f"(the same code as {head})" in same
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "009.json").write_text(json.dumps({"paper": "009", "meta": meta, "results": []}))
+    assert f"scores made by other code: {old[:7]}" in claims.summary_markdown(out)
+
+
 # ---------------------------------------------------------------- every seed of the config, or no verdict
 
 SEEDS = [1, 2, 3, 4, 5]
