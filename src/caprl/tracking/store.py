@@ -48,6 +48,21 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
     return exp.experiment_id
 
 
+def schema_lock(uri: str) -> Any:
+    """A lock beside an SQLite store's file (parallel jobs: one creates the schema and the
+    experiment, the others wait; unlocked, all but one fail on "table already exists");
+    no lock for a server, which serialises its own writes."""
+    from contextlib import nullcontext
+
+    from filelock import FileLock
+
+    if not uri.startswith("sqlite:"):
+        return nullcontext()
+    db = Path(urlsplit(uri).path.removeprefix("/")) if uri.startswith("sqlite:///") else None
+    lock = db.with_name(db.name + ".lock") if db and db.name else Path.cwd() / ".mlflow.lock"
+    return FileLock(str(lock), timeout=120)
+
+
 class Store:
     """MLflow's own client on the store at ``uri``; plain values in, plain values out."""
 
@@ -60,27 +75,14 @@ class Store:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        with self._schema_lock():  # MLflow creates or migrates an SQLite schema on opening it
+        self._lock = schema_lock(uri)
+        with self._lock:  # MLflow creates or migrates an SQLite schema on opening it
             self.client = MlflowClient(tracking_uri=uri)
-
-    def _schema_lock(self) -> Any:
-        """A lock beside an SQLite store's file (parallel jobs: one creates the schema and the
-        experiment, the others wait; unlocked, all but one fail on "table already exists");
-        no lock for a server, which serialises its own writes."""
-        from contextlib import nullcontext
-
-        from filelock import FileLock
-
-        if not self.uri.startswith("sqlite:"):
-            return nullcontext()
-        db = Path(urlsplit(self.uri).path.removeprefix("/")) if self.uri.startswith("sqlite:///") else None
-        lock = db.with_name(db.name + ".lock") if db and db.name else Path.cwd() / ".mlflow.lock"
-        return FileLock(str(lock), timeout=120)
 
     def open_run(self, experiment: str, run_name: str, tags: dict[str, str], run_id: str | None,
                  keep_status: bool) -> tuple[str, str]:
         """(experiment id, run id): a new run, or ``run_id`` reopened (RUNNING unless ``keep_status``)."""
-        with self._schema_lock():
+        with self._lock:
             exp = experiment_id(self.client, experiment, self.uri)
             if run_id is None:
                 run_id = self.client.create_run(exp, run_name=run_name, tags=tags).info.run_id
