@@ -6,6 +6,7 @@ same file Snakemake's ``validate`` uses), so every stage checks exactly what the
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -53,12 +54,22 @@ def format_error(error: Any, source: str) -> str:
     return f"{source}: key '{where}': {error.message}"
 
 
+def _schema(path: Path) -> dict[str, Any]:
+    """The schema, read once per process and file version (a job validates its params more than once)."""
+    stat = path.stat()
+    return _read_schema(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_schema(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+
+
 def validate(params: dict[str, Any], schema_path: Path, source: str = "params.yaml") -> None:
     """Raise CaprlError naming the first offending key (unknown keys and wrong types included)."""
     import jsonschema
 
-    schema = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(_schema(schema_path))
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [format_error(e, source) for e in errors[:5]]
@@ -85,9 +96,10 @@ def merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """YAML as params files are written: PyYAML's YAML 1.1 reads ``1e-08`` (no dot, as JSON and
-    Python print small numbers) as a string; here it is the float YAML 1.2 and every reader means."""
+    Python print small numbers) as a string; here it is the float YAML 1.2 and every reader means.
+    libyaml's parser where PyYAML has it (the same documents, ~6x faster: every job reads params)."""
 
 
 _Loader.add_implicit_resolver(

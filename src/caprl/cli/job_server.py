@@ -52,9 +52,13 @@ log = logging.getLogger(__name__)
 SERVER_MODULE = "caprl.cli.job_server"
 WHAT = "job server"
 # What every job would import; a module that fails to import here is imported by its job as usual.
+# MLflow imports its SQLite store (SQLAlchemy, alembic: ~1 s of CPU) only when a client first opens
+# one, i.e. in every tracked job: preloaded too.
 PRELOAD = ("numpy", "h5py", "torch", "torch._dynamo", "torch.optim", "mlflow.tracking", "mlflow.entities",
+           "mlflow.store.tracking.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "alembic.config",
            "pycocoevalcap.tokenizer.ptbtokenizer", "pycocoevalcap.bleu.bleu", "pycocoevalcap.meteor.meteor",
-           "pycocoevalcap.rouge.rouge", "pycocoevalcap.cider.cider", "matplotlib.pyplot", "filelock", "yaml")
+           "pycocoevalcap.rouge.rouge", "pycocoevalcap.cider.cider", "matplotlib.pyplot", "filelock", "yaml",
+           "jsonschema", "tabulate")
 
 
 # -- the server's side -------------------------------------------------------------------------
