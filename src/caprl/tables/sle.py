@@ -287,7 +287,7 @@ def sle_table4(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     models = sle_models(params, dataset)
     shown = shown_scores(params, dataset, scores, models, TABLE4_KINDS)
     settings, settings_notes = _settings_notes(params, shown)
-    samples, beams = settings.get("samples", 5), settings.get("beams", 5)
+    samples, beams = settings["samples"], settings["beams"]
     table = Table("sle_table4", f"{dataset} {params['evaluate']['split']} split: {paper.PAPER} Table 4, precision "
                   f"and diversity of the captions per image (rs: {samples} random samples, bs: top {beams} beams)",
                   [column for column, *_ in TABLE4_COLUMNS])

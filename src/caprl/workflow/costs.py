@@ -209,7 +209,7 @@ class Estimator:
         if rule == "captions":
             return 3 * captions
         if rule == "rollouts":
-            return 3 + options.get("rollouts", 3) * self.params["decode"]["max_length"] / 2
+            return 3 + options["rollouts"] * self.params["decode"]["max_length"] / 2  # pg_spider: K roll-outs
         return 3 * captions * n if rule == "per_caption" else 1 + 3 * n
 
     def ref_work(self, family: str) -> float:
