@@ -97,7 +97,7 @@ def family_params() -> dict[str, Any]:
     runs["frozen-b"] = {"method": "frozen_speaker", "model": "fc", "init": {"model": "speaker"},
                         "decode": {"beam_size": 2}}
     return {"datasets": {name: {"enabled": True} for name in ("synthetic", "coco", "flickr30k")},
-            "evaluate": {"split": "test"}, "decode": {"method": "beam", "beam_size": 5, "max_length": 16},
+            "evaluate": {"split": "test", "greedy": False, "diversity": {"methods": [], "samples": 5, "beams": 5, "examples": 2}}, "decode": {"method": "beam", "beam_size": 5, "max_length": 16},
             "models": {"fc": {"arch": "fc"}}, "objectives": objectives, "runs": runs,
             "discriminative": {"table_rho": 0.25, "operating_points": {
                 "coco": {"recall5": 0.80, "cider": 1.2, "ablation_cider": 1.13, "rho_cider": 1.22}}}}

@@ -38,7 +38,7 @@ def objectives(monkeypatch: pytest.MonkeyPatch) -> None:
 def table_params() -> dict[str, Any]:
     return {
         "datasets": {"synthetic": {"enabled": True}, "coco": {"enabled": True}, "flickr30k": {"enabled": False}},
-        "evaluate": {"split": "test", "greedy": False}, "decode": {"method": "beam", "beam_size": 5},
+        "evaluate": {"split": "test", "greedy": False, "diversity": {"methods": [], "samples": 5, "beams": 5, "examples": 2}}, "decode": {"method": "beam", "beam_size": 5},
         "models": {"fc": {"arch": "fc"}, "td": {"arch": "topdown"}, "sc": {"arch": "stackcap"}},
         "objectives": {"xe": {"lr": 1e-3, "epochs": 15}, "scst": {"reward": "cider_d"}, "c2f": {"reward": "cider_d"},
                        "pg_spider": {"rollouts": 3, "reward": "cider_d"}, "mixer": {"reward": "cider_d"},

@@ -40,7 +40,7 @@ def test_vocabulary_and_novel_captions_by_hand() -> None:
 
 
 def table_params() -> dict[str, Any]:
-    return {"datasets": {"synthetic": {"enabled": True}}, "evaluate": {"split": "test", "greedy": True},
+    return {"datasets": {"synthetic": {"enabled": True}}, "evaluate": {"split": "test", "greedy": True, "diversity": {"methods": [], "samples": 5, "beams": 5, "examples": 2}},
             "decode": {"method": "beam", "beam_size": 5}, "models": {"fc": {"arch": "fc"}},
             "objectives": {"xe": {}, "scst": {"reward": "cider_d"}, "pg_spider": {"reward": "cider_d"}},
             "rewards": {"cider_d": {"kind": "cider_d"}, "spider": {"kind": "mix",

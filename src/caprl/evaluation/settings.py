@@ -26,6 +26,11 @@ class Diversity:
     beams: int  # bs: the top beams of one beam search of this width
     examples: int  # images whose sets the report shows
 
+    @classmethod
+    def of(cls, section: Mapping[str, Any]) -> "Diversity":
+        return cls(methods=tuple(section["methods"]), samples=int(section["samples"]), beams=int(section["beams"]),
+                   examples=int(section["examples"]))
+
     def as_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "beams": self.beams, "examples": self.examples, "methods": list(self.methods)}
 
@@ -36,6 +41,11 @@ class Lookahead:
 
     lam: float  # weight of the policy's log-probability; 1 - lam on the value
     candidates: int  # the most likely words per beam whose value is computed
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any] | None) -> "Lookahead | None":
+        """The section's settings; None where it is absent (no lookahead row)."""
+        return cls(float(section["lam"]), int(section["candidates"])) if section else None
 
 
 @dataclass(frozen=True)
@@ -56,13 +66,9 @@ class EvalSettings:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "EvalSettings":
         ev = params["evaluate"]
-        div = ev["diversity"]
-        ahead = ev.get("lookahead")
         return cls(split=str(ev["split"]), batch_size=int(ev["batch_size"]), metrics=tuple(ev["metrics"]),
                    n_examples=int(ev["n_examples"]), greedy=bool(ev["greedy"]),
-                   diversity=Diversity(methods=tuple(div["methods"]), samples=int(div["samples"]),
-                                       beams=int(div["beams"]), examples=int(div["examples"])),
-                   lookahead=Lookahead(float(ahead["lam"]), int(ahead["candidates"])) if ahead else None,
+                   diversity=Diversity.of(ev["diversity"]), lookahead=Lookahead.of(ev.get("lookahead")),
                    seed=int(params["seed"]), max_length=int(params["decode"]["max_length"]),
                    num_threads=max(1, int(params["train"]["num_threads"])),
                    cuda_graphs=bool(params["train"]["cuda_graphs"]),

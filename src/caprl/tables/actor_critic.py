@@ -20,6 +20,7 @@ from caprl.params import RunSpec
 from caprl.tables import ac_numbers as paper
 from caprl.tables.build import Scores, metric_cells, register_table, title, unavailable_notes, with_paper
 from caprl.tables.render import Cell, Table
+from caprl.tables.settings import TableSettings
 from caprl.tables.runs import select
 
 COLUMNS = [("B@3", "BLEU-3"), ("B@4", "BLEU-4"), ("M", "METEOR"), ("C", "CIDEr-D")]
@@ -30,20 +31,18 @@ Rows = list[tuple[str, list[Cell]]]
 @dataclass(frozen=True)
 class RowKind:
     method: str
-    label: Callable[[dict[str, Any], RunSpec | None], str]  # (params, a run of the row) -> label
+    label: Callable[[TableSettings, RunSpec | None], str]  # (the table's settings, a run of the row) -> label
     section: Callable[[dict[str, Any] | None], dict[str, Any] | None]  # score file -> what metric_cells reads
     paper: dict[str, float] | None = None  # the paper's numbers beside this row (coco)
 
 
-def _decoding(params: dict[str, Any], spec: RunSpec | None) -> str:
-    decode = spec.decode if spec is not None else params["decode"]
-    return f"beam {decode['beam_size']}" if decode["method"] == "beam" else decode["method"]
+def _decoding(settings: TableSettings, spec: RunSpec | None) -> str:
+    return settings.decoding(spec.decode if spec is not None else None)
 
 
-def _lookahead(params: dict[str, Any], spec: RunSpec | None) -> str:
-    settings = params["evaluate"].get("lookahead")  # an optional section (schema): absent, no lookahead row
-    lam = f", λ = {settings['lam']:g}" if settings else ""
-    size = (spec.decode if spec is not None else params["decode"])["beam_size"]
+def _lookahead(settings: TableSettings, spec: RunSpec | None) -> str:
+    lam = f", λ = {settings.lookahead.lam:g}" if settings.lookahead else ""
+    size = (spec.decode if spec is not None else settings.decode)["beam_size"]
     return f"Actor-critic (lookahead, beam {size}{lam})"
 
 
@@ -56,10 +55,10 @@ def _lookahead_section(report: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 KINDS = [
-    RowKind("xe", lambda params, spec: "XE", _whole),
-    RowKind(AC_METHOD, lambda params, spec: f"Actor-critic ({_decoding(params, spec)})", _whole),
+    RowKind("xe", lambda settings, spec: "XE", _whole),
+    RowKind(AC_METHOD, lambda settings, spec: f"Actor-critic ({_decoding(settings, spec)})", _whole),
     RowKind(AC_METHOD, _lookahead, _lookahead_section, paper.TABLE1_OURS),
-    RowKind("scst", lambda params, spec: "SCST", _whole),
+    RowKind("scst", lambda settings, spec: "SCST", _whole),
 ]
 
 
@@ -68,8 +67,8 @@ def ac_models(params: dict[str, Any], dataset: str) -> list[str]:
     return list(dict.fromkeys(spec.model for spec in select(params, dataset, method=AC_METHOD)))
 
 
-def kind_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str | None, kind: RowKind,
-              suffix: str, coco: bool, notes: list[str]) -> Rows:
+def kind_rows(params: dict[str, Any], settings: TableSettings, dataset: str, scores: Scores, model: str | None,
+              kind: RowKind, suffix: str, coco: bool, notes: list[str]) -> Rows:
     """One row per run of the kind's method and ``model`` (a missing row if none)."""
     runs = select(params, dataset, method=kind.method, model=model) if model is not None else []
     keys = [key for _, key in COLUMNS]
@@ -83,12 +82,13 @@ def kind_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str |
         cells = metric_cells(section, COLUMNS)
         if coco and kind.paper is not None:
             cells = [Cell(c.ours, kind.paper.get(k), flags=c.flags) for c, k in zip(cells, keys)]
-        label = kind.label(params, spec) + suffix + (f" [{spec.name}]" if spec is not None and len(runs) > 1 else "")
+        label = kind.label(settings, spec) + suffix + (f" [{spec.name}]" if spec is not None and len(runs) > 1 else "")
         rows.append((label, cells))
     return rows
 
 
-def shown_scores(params: dict[str, Any], dataset: str, scores: Scores, models: list[str]) -> Scores:
+def shown_scores(params: dict[str, Any], settings: TableSettings, dataset: str, scores: Scores,
+                 models: list[str]) -> Scores:
     """The score files (and lookahead sections) the table reads, for the notes on unavailable metrics."""
     shown: Scores = {}
     for model in models:
@@ -96,7 +96,7 @@ def shown_scores(params: dict[str, Any], dataset: str, scores: Scores, models: l
             for spec in select(params, dataset, method=kind.method, model=model):
                 section = kind.section(scores.get(spec.name))
                 if section is not None:
-                    shown[f"{spec.name}/{kind.label(params, spec)}"] = section
+                    shown[f"{spec.name}/{kind.label(settings, spec)}"] = section
     return shown
 
 
@@ -105,7 +105,8 @@ def ac_table1(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Paper 003 Table 1: XE, actor-critic (beam and lookahead) and SCST of the actor-critic
     runs' models; the paper's rows beside ours on coco."""
     shorts = [short for short, _ in COLUMNS]
-    table = Table("ac_table1", title(params, dataset, f"{paper.PAPER} Table 1, actor-critic with embedding reward"),
+    settings = TableSettings.from_params(params)
+    table = Table("ac_table1", title(settings, dataset, f"{paper.PAPER} Table 1, actor-critic with embedding reward"),
                   shorts)
     coco = with_paper(dataset)
     if coco:
@@ -116,7 +117,7 @@ def ac_table1(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     for model in models or [None]:
         suffix = f" [{model}]" if len(models) > 1 else ""
         for kind in KINDS:
-            table.rows += kind_rows(params, dataset, scores, model, kind, suffix, coco, notes)
+            table.rows += kind_rows(params, settings, dataset, scores, model, kind, suffix, coco, notes)
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run or metric. "
                    "Rows by method (xe, actor_critic, scst) of the actor-critic runs' model; lookahead: "
                    "the actor-critic run's lookahead captions (evaluate.lookahead)."]
@@ -130,5 +131,5 @@ def ac_table1(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
                            "dataset coco).")
     if not models:
         table.notes.append(f"No actor_critic run trains on {dataset}.")
-    table.notes += unavailable_notes(shown_scores(params, dataset, scores, models)) + notes
+    table.notes += unavailable_notes(shown_scores(params, settings, dataset, scores, models)) + notes
     return table

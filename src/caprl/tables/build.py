@@ -27,6 +27,7 @@ from caprl.params import RunSpec
 from caprl.rewards import reward_unavailable_reason
 from caprl.tables import published
 from caprl.tables.render import Cell, Table
+from caprl.tables.settings import TableSettings
 from caprl.tables.runs import dataset_runs, gold_retrieval_runs
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,8 @@ def with_paper(dataset: str, home: str = PAPER_DATASET) -> bool:
     return dataset == home
 
 
-def title(params: dict[str, Any], dataset: str, what: str) -> str:
-    decode = params["decode"]
-    how = f"beam {decode['beam_size']}" if decode["method"] == "beam" else decode["method"]
-    return f"{dataset} {params['evaluate']['split']} split: {what} ({how})"
+def title(settings: TableSettings, dataset: str, what: str) -> str:
+    return f"{dataset} {settings.split} split: {what} ({settings.decoding()})"
 
 
 def run_label(view: RunSpec, what: str) -> str:
@@ -147,16 +146,16 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Every captioner run on the dataset (grouped by model, params order), plus the trivial baseline;
     the published numbers of the sets the dataset lists (``datasets.<name>.published``,
     :mod:`caprl.tables.published`) as the paper column of the runs that match their rows."""
-    greedy = bool(params["evaluate"]["greedy"])  # required by the schema
+    settings = TableSettings.from_params(params)
+    greedy = settings.greedy
     clip = clip_score.table_columns(params, dataset, scores)  # CLIP-S, RefCLIP-S ("(listener)": not CLIP's)
-    table = Table("main", title(params, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy
+    table = Table("main", title(settings, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy
                   + [column for column, *_ in VOCABULARY_COLUMNS]
                   + clip)
-    order = {model: i for i, model in enumerate(params["models"])}
     views = dataset_runs(params, dataset)
     not_trained: list[str] = []
     compared: dict[str, list[str]] = {}  # published set -> "run = its row (config)", datasets.<name>.published
-    for view in sorted(views, key=lambda v: order.get(v.model, len(order))):  # stable: params order in a model
+    for view in sorted(views, key=lambda v: settings.model_rank(v.model)):  # stable: params order in a model
         cells, reason = metric_cells(scores.get(view.name)), not_trained_reason(params, view, scores)
         cells += [greedy_cell(scores.get(view.name))] * greedy + vocabulary_cells(scores.get(view.name))
         cells += [Cell(v, flags=degenerate_flags(scores.get(view.name)))

@@ -21,6 +21,7 @@ from caprl.params import RunSpec
 from caprl.tables.build import (UNAVAILABLE, Scores, method_label, metric_cells, not_trained_reason,
                                 register_table, run_label, title, unavailable_notes)
 from caprl.tables.render import Cell, Table
+from caprl.tables.settings import TableSettings
 from caprl.tables.runs import select
 
 METHOD = "pg_spider"
@@ -84,11 +85,11 @@ def run_row(params: dict[str, Any], scores: Scores, view: RunSpec, label: str,
 @register_table("pg_spider")
 def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """PG-SPIDEr per reward beside the same model's XE, SCST and MIXER runs."""
-    table = Table("pg_spider", title(params, dataset, "PG-SPIDEr (Liu et al. 2017) per reward"), list(COLUMNS))
+    settings = TableSettings.from_params(params)
+    table = Table("pg_spider", title(settings, dataset, "PG-SPIDEr (Liu et al. 2017) per reward"), list(COLUMNS))
     pg_runs = select(params, dataset, method=METHOD)
-    order = {model: i for i, model in enumerate(params["models"])}
     models = sorted(dict.fromkeys(v.model for m in SHOWN_BY for v in select(params, dataset, method=m)),
-                    key=lambda m: order.get(m, len(order)))
+                    key=settings.model_rank)
     not_trained: list[str] = []
     for model in models:
         table.rows += model_rows(params, dataset, scores, model, [v for v in pg_runs if v.model == model],

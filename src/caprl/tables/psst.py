@@ -40,6 +40,7 @@ from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABE
                                     overlap_value, read_curve, rho_curves, table_rho, x_range)
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import gold_retrieval_runs
+from caprl.tables.settings import TableSettings
 
 Rows = list[tuple[str, list[Cell]]]
 ROW_ORDER = list(METHOD_LABELS)
@@ -77,6 +78,7 @@ class Family:
 
     def __init__(self, params: dict[str, Any], dataset: str, scores: Scores) -> None:
         self.params, self.dataset, self.scores = params, dataset, scores
+        self.settings = TableSettings.from_params(params)
         self.points = family_points(params, dataset, scores)
         self.rho = table_rho(params)
         self.models: list[str | None] = list(models_of(params, self.points)) or [None]
@@ -99,8 +101,7 @@ class Family:
         return overlap_value(self.curves(methods, x, y, self.split))
 
     def title(self, what: str) -> str:
-        split = self.params["evaluate"]["split"]
-        return f"{self.dataset} {split} split: {paper.PAPER} {what} ({decode_text(self.points)})"
+        return f"{self.dataset} {self.settings.split} split: {paper.PAPER} {what} ({decode_text(self.points)})"
 
     def flags(self, points: list[Point]) -> tuple[str, ...]:
         """The degenerate-caption footnotes of the points' runs (a curve through them is suspect)."""
@@ -130,7 +131,7 @@ def gold_reports(params: dict[str, Any], dataset: str, scores: Scores) -> dict[s
 
 def gold_notes(params: dict[str, Any], dataset: str, scores: Scores) -> list[str]:
     """One note per listener pre-training run: its recall by the first gold captions of the split."""
-    split = params["evaluate"]["split"]
+    split = TableSettings.from_params(params).split
     notes = []
     for run, report in gold_reports(params, dataset, scores).items():
         if report is None:
@@ -361,7 +362,7 @@ def psst_points(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Every run of paper 004's family on the dataset: λ, ρ, language metrics, recall, mean rank."""
     family = Family(params, dataset, scores)
     order = [*METHOD_LABELS, FROZEN]
-    models = {m: i for i, m in enumerate(params["models"])}
+    models = {m: i for i, m in enumerate(family.settings.models)}
     points = sorted(family.points, key=lambda p: (order.index(p.method), models.get(p.spec.model, 0),
                                                   p.rho or 0.0, p.lam or 0.0))
     table = Table("psst_points", family.title("every run of the discriminative methods (the curves' points)"),

@@ -48,6 +48,7 @@ from caprl.tables.build import (UNAVAILABLE, Scores, degenerate_flags, metric_ce
                                 register_table, run_label, title, unavailable_notes)
 from caprl.tables.render import MISSING, Cell, Table
 from caprl.tables.runs import dataset_runs, select
+from caprl.tables.settings import TableSettings
 
 NOT_EVALUATED = "not evaluated"  # a run scored before the diversity section existed
 
@@ -172,7 +173,7 @@ KIND_NOTE = ("Rows by method: SLL = sll with entropy 0 (where a model has none, 
 def _mcs_table(name: str, number: int, what: str, where: str, prior: list[tuple[str, dict[str, float]]],
                numbers: dict[bool, dict[str, dict[str, float]]], params: dict[str, Any], dataset: str,
                scores: Scores) -> Table:
-    table = Table(name, title(params, dataset, f"{paper.PAPER} Table {number}, {what}"),
+    table = Table(name, title(TableSettings.from_params(params), dataset, f"{paper.PAPER} Table {number}, {what}"),
                   [short for short, _ in MCS])
     keys = [short for short, _ in MCS]
     home = dataset == PAPER_DATASETS[name]
@@ -267,10 +268,9 @@ def diversity_cells(scores: dict[str, Any] | None, decoding: str, notes: list[st
     return cells
 
 
-def _settings_notes(params: dict[str, Any], shown: Scores) -> tuple[dict[str, Any], list[str]]:
+def _settings_notes(settings: TableSettings, shown: Scores) -> tuple[dict[str, Any], list[str]]:
     """The diversity settings (params' evaluate.diversity), and a note per score file made otherwise."""
-    diversity = params["evaluate"]["diversity"]  # required by the schema
-    expected = {"samples": diversity["samples"], "beams": diversity["beams"]}
+    expected = {"samples": settings.diversity.samples, "beams": settings.diversity.beams}
     notes = []
     for run, s in shown.items():
         got = (s.get("diversity") or {}).get("settings", {})
@@ -286,9 +286,10 @@ def sle_table4(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """SLE Table 4: precision and diversity of XE, SLL, SLL-ME, SLL-SLE under rs and bs."""
     models = sle_models(params, dataset)
     shown = shown_scores(params, dataset, scores, models, TABLE4_KINDS)
-    settings, settings_notes = _settings_notes(params, shown)
-    samples, beams = settings["samples"], settings["beams"]
-    table = Table("sle_table4", f"{dataset} {params['evaluate']['split']} split: {paper.PAPER} Table 4, precision "
+    settings = TableSettings.from_params(params)
+    expected, settings_notes = _settings_notes(settings, shown)
+    samples, beams = expected["samples"], expected["beams"]
+    table = Table("sle_table4", f"{dataset} {settings.split} split: {paper.PAPER} Table 4, precision "
                   f"and diversity of the captions per image (rs: {samples} random samples, bs: top {beams} beams)",
                   [column for column, *_ in TABLE4_COLUMNS])
     home = dataset == PAPER_DATASETS["sle_table4"]
@@ -348,7 +349,7 @@ def _sample_runs(params: dict[str, Any], dataset: str, model: str, notes: list[s
 def sle_samples(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """SLE Fig. 2 / 4: the random samples of XE, SLL and SLL-SLE side by side, per test image."""
     columns = [ROW_KINDS[k].label for k in SAMPLE_KINDS] + ["references"]
-    table = Table("sle_samples", f"{dataset} {params['evaluate']['split']} split: {paper.PAPER} Fig. 2 / Fig. 4, "
+    table = Table("sle_samples", f"{dataset} {TableSettings.from_params(params).split} split: {paper.PAPER} Fig. 2 / Fig. 4, "
                   "captions randomly sampled per image", columns)
     notes: list[str] = []
     models = sle_models(params, dataset)

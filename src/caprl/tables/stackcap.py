@@ -24,6 +24,7 @@ from caprl.tables import paper_numbers as paper
 from caprl.tables.build import METRICS, Scores, metric_cells, register_table, title, unavailable_notes, with_paper
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import select
+from caprl.tables.settings import TableSettings
 
 ATTENTION_FIGURES = "results/figures/{dataset}/attention"
 TABLES_DIR = "results/tables"
@@ -113,7 +114,7 @@ def _used(params: dict[str, Any], dataset: str, scores: Scores, specs: list[RowS
 
 def _model_table(name: str, what: str, specs: list[RowSpec], number: int, params: dict[str, Any],
                  dataset: str, scores: Scores) -> Table:
-    table = Table(name, title(params, dataset, what), list(COLUMNS_12))
+    table = Table(name, title(TableSettings.from_params(params), dataset, what), list(COLUMNS_12))
     for spec in specs:
         table.rows += model_rows(params, dataset, scores, spec, COLUMNS_12)
     table.notes = _notes(dataset, _used(params, dataset, scores, specs), number)
@@ -137,7 +138,7 @@ def stackcap_table2(params: dict[str, Any], dataset: str, scores: Scores) -> Tab
 @register_table("stackcap_table3")
 def stackcap_table3(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """Stack-Cap Table 3: our Stack-Cap (C2F) beside the paper's prior methods (COCO only)."""
-    table = Table("stackcap_table3", title(params, dataset, "Stack-Cap Table 3, comparison with prior methods"),
+    table = Table("stackcap_table3", title(TableSettings.from_params(params), dataset, "Stack-Cap Table 3, comparison with prior methods"),
                   list(COLUMNS_3))
     coco = with_paper(dataset)
     if coco:
