@@ -329,3 +329,27 @@ def test_main_table_has_the_greedy_cider_column_when_evaluate_greedy_is_set() ->
     assert [c.ours for c in cells["most frequent training caption"][c:greedy + 1]] == [pytest.approx(30.0), None,
                                                                                       pytest.approx(30.0)]
     assert any(n.startswith("C greedy: CIDEr-D of the greedy captions") for n in table.notes)
+
+
+def test_tables_read_the_evaluated_split_and_decoding_through_their_typed_settings() -> None:
+    """TableSettings holds what params.yaml says of the evaluation (split, decoding, greedy column,
+    diversity sets, lookahead) and the models' order; no table module but it reads those sections
+    from the params dict (the published sets match the split themselves)."""
+    from caprl import params as params_mod
+    from caprl.tables.settings import TableSettings
+
+    repo = Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((repo / "params.yaml").read_text())
+    s = TableSettings.from_params(params_mod.load(repo / "params.yaml"))
+    ev = raw["evaluate"]
+    assert (s.split, s.greedy, dict(s.decode)) == (ev["split"], ev["greedy"], raw["decode"])
+    assert (s.diversity.samples, s.diversity.beams, list(s.diversity.methods)) == (
+        ev["diversity"]["samples"], ev["diversity"]["beams"], ev["diversity"]["methods"])
+    assert (s.lookahead.lam, s.lookahead.candidates) == (ev["lookahead"]["lam"], ev["lookahead"]["candidates"])
+    assert s.models == tuple(raw["models"]) and s.model_rank("not-a-model") == len(raw["models"])
+    assert s.decoding() == f"beam {raw['decode']['beam_size']}" and s.decoding({"method": "greedy"}) == "greedy"
+    offenders = [f"{f.name}: {key}" for f in sorted((repo / "src/caprl/tables").glob("*.py"))
+                 if f.name not in ("settings.py", "published.py")
+                 for key in ('params["evaluate"]', 'params["decode"]', "params['evaluate']", "params['decode']")
+                 if key in f.read_text()]
+    assert offenders == []
