@@ -210,7 +210,7 @@ def test_beam_scores_are_the_last_stage_logprobs(arch: str) -> None:
 def table_params() -> dict:
     return {
         "datasets": {"synthetic": {"enabled": True}, "coco": {"enabled": True}},
-        "evaluate": {"split": "test"}, "decode": {"method": "beam", "beam_size": 5},
+        "evaluate": {"split": "test", "greedy": False, "diversity": {"methods": [], "samples": 5, "beams": 5, "examples": 2}}, "decode": {"method": "beam", "beam_size": 5},
         "models": {"lstm": {"arch": "fc"}, "sc": {"arch": "stackcap"}, "scs": {"arch": "stackcap_star"},
                    "td": {"arch": "topdown"}},
         "objectives": {"xe": {}, "scst": {}, "c2f": {}},
