@@ -20,8 +20,8 @@ from caprl.params import RunSpec
 from caprl.tables import ac_numbers as paper
 from caprl.tables.build import Scores, metric_cells, register_table, title, unavailable_notes, with_paper
 from caprl.tables.render import Cell, Table
-from caprl.tables.settings import TableSettings
 from caprl.tables.runs import select
+from caprl.tables.settings import TableSettings
 
 COLUMNS = [("B@3", "BLEU-3"), ("B@4", "BLEU-4"), ("M", "METEOR"), ("C", "CIDEr-D")]
 AC_METHOD = "actor_critic"

@@ -27,8 +27,8 @@ from caprl.params import RunSpec
 from caprl.rewards import reward_unavailable_reason
 from caprl.tables import published
 from caprl.tables.render import Cell, Table
-from caprl.tables.settings import TableSettings
 from caprl.tables.runs import dataset_runs, gold_retrieval_runs
+from caprl.tables.settings import TableSettings
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 
 from caprl.errors import CaprlError
 from caprl.params import RunSpec, compared_runs, run_spec
+from caprl.tables.settings import decoding_label
 
 Curve = list[tuple[float, float]]
 
@@ -218,8 +219,7 @@ def models_of(params: dict[str, Any], points: list[Point]) -> list[str]:
 
 def decode_text(points: list[Point]) -> str:
     """The evaluation decoding of the runs shown ("beam 2"), or "decoding per run" if they differ."""
-    how = {("beam " + str(p.spec.decode.get("beam_size")) if p.spec.decode.get("method") == "beam"
-            else str(p.spec.decode.get("method"))) for p in points}
+    how = {decoding_label(p.spec.decode) for p in points}
     return how.pop() if len(how) == 1 else ("no runs" if not how else "decoding per run")
 
 

@@ -21,8 +21,8 @@ from caprl.params import RunSpec
 from caprl.tables.build import (UNAVAILABLE, Scores, method_label, metric_cells, not_trained_reason,
                                 register_table, run_label, title, unavailable_notes)
 from caprl.tables.render import Cell, Table
-from caprl.tables.settings import TableSettings
 from caprl.tables.runs import select
+from caprl.tables.settings import TableSettings
 
 METHOD = "pg_spider"
 BASELINES = ["xe", "scst", "mixer"]  # the methods of the rows before a model's PG-SPIDEr rows (in this order)

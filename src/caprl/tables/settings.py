@@ -18,6 +18,11 @@ from typing import Any, Mapping
 from caprl.evaluation.settings import Diversity, Lookahead
 
 
+def decoding_label(decode: Mapping[str, Any]) -> str:
+    """How a decoding reads in a title or row: "beam 5", else its method ("greedy")."""
+    return f"beam {decode.get('beam_size')}" if decode.get("method") == "beam" else str(decode.get("method"))
+
+
 @dataclass(frozen=True)
 class TableSettings:
     split: str  # evaluate.split: the split every score file was made on
@@ -40,5 +45,4 @@ class TableSettings:
 
     def decoding(self, decode: Mapping[str, Any] | None = None) -> str:
         """How a decoding reads in a title or row ("beam 5", "greedy"): ``decode``, else the evaluated one."""
-        d = decode if decode is not None else self.decode
-        return f"beam {d['beam_size']}" if d["method"] == "beam" else str(d["method"])
+        return decoding_label(decode if decode is not None else self.decode)
