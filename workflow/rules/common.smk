@@ -120,6 +120,11 @@ def train_job(wildcards):
     return PLAN.job(wildcards.dataset, wildcards.run)
 
 
+def train_priority(wildcards):
+    """Runs that others start from first, the more waiting the earlier (Plan.waiting_on)."""
+    return PLAN.waiting_on(wildcards.dataset, wildcards.run)
+
+
 def init_checkpoints(wildcards):
     """Each role's starting checkpoint: runs/<dataset>/<run>/best.pt of its init run."""
     return list(train_job(wildcards).init.values())

@@ -16,6 +16,7 @@ rule train:
         init=init_args,
         state=wp.STATE_DIR,
         embedding=train_embedding_args,
+    priority: train_priority
     log:
         "logs/{dataset}/train/{run}.log",
     resources:
