@@ -3,6 +3,7 @@ the committed dvc.yaml is the one `caprl dvc-yaml` writes from the committed par
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -154,25 +155,29 @@ def test_one_source_for_what_a_training_job_depends_on() -> None:
         assert job.settings(changed) != before, key  # Snakemake's params trigger fires
 
 
-def test_runs_that_others_start_from_are_scheduled_first(tmp_path: Path) -> None:
-    """The train rule's priority is the number of training jobs waiting on the run (Plan.waiting_on):
-    every XE start before the runs that start from it (at d13de75 Snakemake left Top-Down's XE start
-    for last and trained it alone for 111 s of the main command's 20 minutes, its RL runs waiting)."""
+def test_runs_that_others_start_from_are_scheduled_first_and_the_longest_among_equals(tmp_path: Path) -> None:
+    """The train rule's priority (caprl.workflow.priority): its whole part is the number of training
+    jobs waiting on the run (Plan.waiting_on: at d13de75 Snakemake left Top-Down's XE start for last
+    and trained it alone for 111 s, its RL runs waiting); its fraction orders equals by `caprl plan`'s
+    estimate, the longest first (PG-SPIDEr's CIDEr-D run, started last, trained alone for up to 132 s)."""
     from caprl import params as params_mod
+    from caprl.workflow import costs
     from caprl.workflow.plan import build_plan
 
     proc = subprocess.run(["snakemake", "-n", "--cores", "2", "all_tables"], capture_output=True, text=True,
                           cwd=copy_workflow(tmp_path), check=True)
-    priority: dict[str, int] = {}
-    for block in (proc.stdout + proc.stderr).split("rule train:")[1:]:
-        run = re.search(r"wildcards: dataset=synthetic, run=(\S+)", block)
-        if run:
-            found = re.search(r"^\s*priority: (\d+)", block.split("\n[")[0], re.M)
-            priority[run.group(1)] = int(found.group(1)) if found else 0
-    plan = build_plan(params_mod.load(REPO / "params.yaml"))
+    job = re.compile(r"^rule train:\n(?:    .*\n)*?    wildcards: dataset=synthetic, run=(\S+)\n"
+                     r"(?:    priority: ([\d.]+)\n)?", re.M)  # one job's indented lines only
+    priority = {run: float(value or 0) for run, value in job.findall(proc.stdout + proc.stderr)}
+    params = params_mod.load(REPO / "params.yaml")
+    plan = build_plan(params)
+    hours = {row.run: row.hours for row in costs.estimate(params, "cpu").rows
+             if row.rule == "train" and row.dataset == "synthetic"}
     starts = {source for job in plan.trained("synthetic") for source in job.spec.init.values()}
     assert starts >= {"fc-xe", "topdown-xe", "transformer-xe", "lstm3-xe", "listener"}
     for job in plan.trained("synthetic"):
-        assert priority[job.run] == plan.waiting_on("synthetic", job.run), job.run
-        assert (priority[job.run] > 0) == (job.run in starts), job.run
-    assert priority["fc-xe"] > priority["topdown-xe"] > priority["topdown-scst"] == 0
+        assert math.floor(priority[job.run]) == plan.waiting_on("synthetic", job.run), job.run
+        assert (priority[job.run] >= 1) == (job.run in starts), job.run
+    leaves = [run for run in priority if run not in starts]
+    assert all(priority[a] >= priority[b] for a in leaves for b in leaves if hours[a] > hours[b])
+    assert priority["fc-xe"] > priority["topdown-xe"] > 1 > priority["fc-pg_spider-cider_d"] > priority["fc-scst"] > 0

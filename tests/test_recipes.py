@@ -220,7 +220,7 @@ def dry_runs(tmp_path_factory: pytest.TempPathFactory, loaded: dict) -> dict[str
 
 
 TRAIN_JOB = re.compile(r"^rule train:\n(?:    .*\n)*?    wildcards: dataset=(\S+), run=(\S+)\n"
-                       r"(?:    priority: \d+\n)?    resources: .*?runtime=(\d+)", re.M)
+                       r"(?:    priority: [\d.]+\n)?    resources: .*?runtime=(\d+)", re.M)
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=IDS)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from caprl import params as params_mod
 from caprl.workflow import plan as wp
+from caprl.workflow.priority import train_priorities
 from caprl.errors import CaprlError
 
 # A recipe (`--configfile configs/recipes/<name>.yaml`) is laid over params.yaml by Snakemake
@@ -120,9 +121,13 @@ def train_job(wildcards):
     return PLAN.job(wildcards.dataset, wildcards.run)
 
 
+TRAIN_PRIORITY = train_priorities(PLAN)
+
+
 def train_priority(wildcards):
-    """Runs that others start from first, the more waiting the earlier (Plan.waiting_on)."""
-    return PLAN.waiting_on(wildcards.dataset, wildcards.run)
+    """Runs that others start from first, the more waiting the earlier; among equals the longest
+    (caprl.workflow.priority)."""
+    return TRAIN_PRIORITY[(wildcards.dataset, wildcards.run)]
 
 
 def init_checkpoints(wildcards):

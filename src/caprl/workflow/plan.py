@@ -233,8 +233,7 @@ class Plan:
 
     def waiting_on(self, dataset: str, run: str) -> int:
         """How many training jobs start from ``run``'s checkpoint, directly or through others: the
-        train rule's scheduling priority. On 2 cores Snakemake otherwise picked Top-Down's XE start
-        last at d13de75 and trained it alone for 111 s while its four RL runs waited."""
+        whole part of the train rule's scheduling priority (:mod:`caprl.workflow.priority`)."""
         below: set[str] = set()
         frontier = [run]
         while frontier:
