@@ -159,7 +159,8 @@ def test_runs_that_others_start_from_are_scheduled_first_and_the_longest_among_e
     """The train rule's priority (caprl.workflow.priority): its whole part is the number of training
     jobs waiting on the run (Plan.waiting_on: at d13de75 Snakemake left Top-Down's XE start for last
     and trained it alone for 111 s, its RL runs waiting); its fraction orders equals by `caprl plan`'s
-    estimate, the longest first (PG-SPIDEr's CIDEr-D run, started last, trained alone for up to 132 s)."""
+    estimate, the longest first (PG-SPIDEr's CIDEr-D run, started last, trained alone for up to 132 s);
+    the data rules come before them all."""
     from caprl import params as params_mod
     from caprl.workflow import costs
     from caprl.workflow.plan import build_plan
@@ -181,3 +182,10 @@ def test_runs_that_others_start_from_are_scheduled_first_and_the_longest_among_e
     leaves = [run for run in priority if run not in starts]
     assert all(priority[a] >= priority[b] for a in leaves for b in leaves if hours[a] > hours[b])
     assert priority["fc-xe"] > priority["topdown-xe"] > 1 > priority["fc-pg_spider-cider_d"] > priority["fc-scst"] > 0
+    # the data rules before every training job (at bd8522f the video set was prepared after the image
+    # set's RL runs, its XE start then trained alone)
+    data = re.findall(r"^rule (synthesize|synthesize_video|prepare|vocab|references|cider_df|features|merge_features):"
+                      r"\n(?:    .*\n)*?    priority: ([\d.]+)\n", proc.stdout + proc.stderr, re.M)
+    assert {rule for rule, _ in data} == {"synthesize", "synthesize_video", "prepare", "vocab", "references",
+                                          "cider_df", "features", "merge_features"}
+    assert min(float(value) for _, value in data) > max(priority.values())

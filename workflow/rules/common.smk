@@ -122,6 +122,8 @@ def train_job(wildcards):
 
 
 TRAIN_PRIORITY = train_priorities(PLAN)
+# the data rules (synthesize .. features): every training job of their dataset waits on them
+DATA_PRIORITY = 1 + max(TRAIN_PRIORITY.values(), default=0)
 
 
 def train_priority(wildcards):

@@ -11,6 +11,7 @@ if GENERATED_IMAGES:
             settings=synthesize_settings,
         log:
             "logs/{dataset}/synthesize.log",
+        priority: DATA_PRIORITY
         resources:
             **job_resources("synthesize"),
         shell:
@@ -31,6 +32,7 @@ if GENERATED_VIDEOS:
             settings=synthesize_settings,
         log:
             "logs/{dataset}/synthesize.log",
+        priority: DATA_PRIORITY
         resources:
             **job_resources("synthesize_video"),
         shell:
@@ -48,6 +50,7 @@ rule prepare:
         settings=prepare_settings,
     log:
         "logs/{dataset}/prepare.log",
+    priority: DATA_PRIORITY
     resources:
         **job_resources("prepare"),
     shell:
@@ -69,6 +72,7 @@ rule vocab:
         settings=lambda wildcards: dataset_vocab(config, wildcards.dataset),
     log:
         "logs/{dataset}/vocab.log",
+    priority: DATA_PRIORITY
     resources:
         **job_resources("vocab"),
     shell:
@@ -82,6 +86,7 @@ rule references:
         wp.REFS,
     log:
         "logs/{dataset}/references_{split}.log",
+    priority: DATA_PRIORITY
     resources:
         **job_resources("references"),
     shell:
@@ -95,6 +100,7 @@ rule cider_df:
         wp.CIDER_DF,
     log:
         "logs/{dataset}/cider_df.log",
+    priority: DATA_PRIORITY
     resources:
         **job_resources("cider_df"),
     shell:

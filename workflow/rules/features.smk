@@ -12,6 +12,7 @@ rule features:
         settings=features_settings,
     log:
         "logs/{dataset}/features_{backbone}_{shard}.log",
+    priority: DATA_PRIORITY
     resources:
         **job_resources("features", gpu=features_gpus),
     shell:
@@ -31,6 +32,7 @@ rule merge_features:
         shard_dir=wp.SHARD_DIR,
     log:
         "logs/{dataset}/merge_features_{backbone}.log",
+    priority: DATA_PRIORITY
     resources:
         **job_resources("merge_features"),
     shell:
@@ -51,6 +53,7 @@ if BOTTOMUP_DATASETS:
             backbone=wp.BOTTOMUP,
         log:
             "logs/{dataset}/features_{backbone}.log",
+        priority: DATA_PRIORITY
         resources:
             **job_resources("bottomup_features"),
         shell:
