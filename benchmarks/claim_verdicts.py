@@ -1,18 +1,24 @@
 """How a claim is decided and printed (for ``benchmarks/claims.py``): each seed's value of a claim's
 two sides (a score file's metric or a table cell), the paired differences' mean and 95% Student-t
-interval over every seed of the config, the verdict, and the paper's page. No workflow, no git."""
+interval over every seed of the config, the verdict, the paired t-test's p-value and its
+Holm-Bonferroni adjustment over the paper's claims (:func:`holm`), the paper's page and the summary
+of every paper. No workflow, no git."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 PERCENT = ("metrics.", "lookahead.metrics.", "diversity.rs.CIDEr-D", "diversity.bs.CIDEr-D")
 KINDS = ("greater", "less", "at_least")
 OPERATORS = {"greater": ">", "less": "<", "at_least": "≥"}
+VERDICTS = ("holds", "reversed", "unresolved")
+ALPHA = 0.05  # the interval is 1 - ALPHA; Holm's family-wise error rate
 LEGEND = ("The difference d is a - b (b - a for '<'), per seed; its mean and 95% Student-t interval are over "
           "every seed of the config (the seeds column). Verdict: '>' and '<' claims **hold** if the interval "
           "lies above 0 and are **reversed** if it lies below 0; a '≥' claim (margin m: the paper says "
@@ -20,6 +26,18 @@ LEGEND = ("The difference d is a - b (b - a for '<'), per seed; its mean and 95%
           "**reversed** if it lies below -m; else **unresolved**. A seed without a value on either side (a "
           "missing run or metric, an empty table cell: a curve not reaching the operating point) makes the "
           "claim unresolved, the seed named: never a verdict on the other seeds.")
+
+
+def holm_legend(m: int) -> str:
+    return (f"**Holm:** the family is this paper's {m} claims, every one fixed in its config before the run. "
+            "Each claim's p is the two-sided paired t-test whose 95% interval gives its verdict (d against 0; "
+            "against -m for a '≥' claim), so p < 0.05 exactly where that interval excludes the null value; "
+            "Holm-Bonferroni (statsmodels `multipletests`, method `holm`) adjusts the family's p-values so that "
+            "the chance of any wrong verdict among its claims is at most 5%. Holm verdict: **holds** (or "
+            "**reversed**, by the sign of the difference from the null value) where the adjusted p is below "
+            "0.05, else **unresolved**. A claim unresolved for a seed without a value is not tested (p —) "
+            "and enters the family with p = 1: it counts in the family's size, so a claim that could not be "
+            "read does not relax the correction of the others, and it is never rejected.")
 
 
 def ref_dataset(claim: dict[str, Any], ref: dict[str, Any]) -> str:
@@ -105,7 +123,7 @@ def interval(diffs: list[float]) -> tuple[float, float, float, float]:
 def verdict(kind: str, lo: float, hi: float, margin: float = 0.0) -> str:
     """``greater``/``less`` (the difference already signed): holds above 0, reversed below 0;
     ``at_least``: holds above -margin, reversed below -margin; else unresolved."""
-    floor = -margin if kind == "at_least" else 0.0
+    floor = null_value(kind, margin)
     if lo > floor:
         return "holds"
     if hi < floor:
@@ -116,7 +134,8 @@ def verdict(kind: str, lo: float, hi: float, margin: float = 0.0) -> str:
 def resolve(config: dict[str, Any], per_seed: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Every claim over every seed of the config. A seed without a value on either side (not
     run, a run or metric missing, an empty table cell) makes the claim unresolved, with each
-    such seed's reason: never a verdict on the other seeds."""
+    such seed's reason: never a verdict on the other seeds. Then :func:`holm` over them: the family
+    is the config's claims."""
     seeds = list(config["seeds"])
     results = []
     for claim in config["claims"]:
@@ -137,40 +156,113 @@ def resolve(config: dict[str, Any], per_seed: dict[int, dict[str, Any]]) -> list
                     why.append(str(exc))
             if why:
                 missing.append(f"seed {s}: " + "; ".join(dict.fromkeys(why)))
-        a, b = sides["a"], sides["b"]
         entry = {**{k: claim[k] for k in ("id", "text", "source", "kind", "margin_reason") if k in claim},
-                 "margin": float(claim.get("margin", 0.0)), "a": a, "b": b, "seeds": seeds, "n": len(seeds),
-                 "n_read": len(seeds) - len(missing), "missing": missing}
-        if missing:
-            entry.update(mean_a=math.nan, mean_b=math.nan, diff=math.nan, sd=math.nan, lo=math.nan, hi=math.nan,
-                         verdict="unresolved", why="; ".join(missing))
+                 "margin": float(claim.get("margin", 0.0)), "a": sides["a"], "b": sides["b"], "seeds": seeds,
+                 "n": len(seeds), "n_read": len(seeds) - len(missing), "missing": missing}
+        results.append(decide(entry))
+    return holm(results)
+
+
+def null_value(kind: str, margin: float = 0.0) -> float:
+    """What the signed difference is tested against: 0, or -margin for an ``at_least`` claim."""
+    return -margin if kind == "at_least" else 0.0
+
+
+def p_value(diffs: list[float], null: float) -> float:
+    """Two-sided paired (one-sample) t-test of the differences against ``null``: the test that
+    :func:`interval` inverts, so p < ALPHA exactly where the 95% interval excludes ``null``.
+    Differences all equal (sd 0): 0 where they differ from ``null``, else 1."""
+    from scipy import stats
+
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return 1.0
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    if sd == 0.0:
+        return 1.0 if mean == null else 0.0
+    t = (mean - null) / (sd / math.sqrt(n))
+    return float(2.0 * stats.t.sf(abs(t), n - 1))
+
+
+def decide(entry: dict[str, Any]) -> dict[str, Any]:
+    """A claim's statistics from its per-seed sides (``a``, ``b``, ``missing``, ``kind``, ``margin``):
+    the mean, sd and 95% interval of the paired differences, the verdict and the t-test's p. A seed
+    missing leaves no interval and no p (``nan``): unresolved. Also re-decides a stored entry
+    (``claims.py --render-only``): what it computed before is replaced."""
+    entry = {k: v for k, v in entry.items() if k not in ("mean_a", "mean_b", "diff", "sd", "lo", "hi", "verdict",
+                                                          "why", "p", "p_holm", "holm", "holm_m")}
+    a, b, missing = entry["a"], entry["b"], entry["missing"]
+    if missing:
+        entry.update(mean_a=math.nan, mean_b=math.nan, diff=math.nan, sd=math.nan, lo=math.nan, hi=math.nan,
+                     verdict="unresolved", why="; ".join(missing), p=math.nan)
+        return entry
+    sign = -1.0 if entry["kind"] == "less" else 1.0
+    diffs = [sign * (x - y) for x, y in zip(a, b)]
+    mean, sd, lo, hi = interval(diffs)
+    entry.update(mean_a=sum(a) / len(a), mean_b=sum(b) / len(b), diff=mean, sd=sd, lo=lo, hi=hi,
+                 verdict=verdict(entry["kind"], lo, hi, entry["margin"]),
+                 p=p_value(diffs, null_value(entry["kind"], entry["margin"])))
+    if all(x == y for x, y in zip(a, b)):  # e.g. a run whose every epoch lost to its start: its start's weights
+        entry["why"] = ("a = b in every seed: both sides read the same value (the same weights), "
+                        "so these runs cannot tell the two apart")
+    return entry
+
+
+def holm(results: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Holm-Bonferroni over the family ``results`` (one paper's claims): each entry gets ``p_holm``
+    (its adjusted p), ``holm`` (its verdict: holds or reversed, by the sign of the difference from
+    the null value, where ``p_holm`` < alpha; else unresolved) and ``holm_m`` (the family's size).
+    A claim without a p (a seed without a value) is not tested: it enters with p = 1, so it counts
+    in the family's size and is never rejected; its ``p_holm`` is ``nan`` (printed —)."""
+    from statsmodels.stats.multitest import multipletests
+
+    if not results:
+        return results
+    raw = [1.0 if math.isnan(r["p"]) else r["p"] for r in results]
+    _, adjusted, _, _ = multipletests(raw, alpha=alpha, method="holm")
+    out = []
+    for r, p in zip(results, adjusted):
+        r = dict(r)
+        tested = not math.isnan(r["p"])
+        r["p_holm"] = float(p) if tested else math.nan
+        r["holm_m"] = len(results)
+        if tested and p < alpha:
+            r["holm"] = "holds" if r["diff"] > null_value(r["kind"], r["margin"]) else "reversed"
         else:
-            sign = -1.0 if claim["kind"] == "less" else 1.0
-            mean, sd, lo, hi = interval([sign * (x - y) for x, y in zip(a, b)])
-            entry.update(mean_a=sum(a) / len(a), mean_b=sum(b) / len(b), diff=mean, sd=sd, lo=lo, hi=hi,
-                         verdict=verdict(claim["kind"], lo, hi, entry["margin"]))
-            if all(x == y for x, y in zip(a, b)):  # e.g. a run whose every epoch lost to its start: its start's weights
-                entry["why"] = ("a = b in every seed: both sides read the same value (the same weights), "
-                                "so these runs cannot tell the two apart")
-        results.append(entry)
-    return results
+            r["holm"] = "unresolved"
+        out.append(r)
+    return out
+
+
+def counts(results: list[dict[str, Any]], key: str) -> dict[str, int]:
+    """How many claims hold, are reversed, are unresolved by ``key`` (``verdict`` or ``holm``)."""
+    return {v: sum(r[key] == v for r in results) for v in VERDICTS}
 
 
 def _f(x: float, digits: int = 2) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _p(x: float) -> str:
+    if x is None or math.isnan(x):
+        return "—"
+    return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
+
+
 def claim_line(r: dict[str, Any]) -> str:
     """One claim's row. The seeds column is the config's seed count; an unresolved claim with a
-    seed missing says which in its verdict cell."""
+    seed missing says which in its verdict cell. Then its p, its Holm-adjusted p and Holm verdict."""
     op = OPERATORS[r["kind"]]
     margin = f" (margin {r['margin']:g})" if r["kind"] == "at_least" else ""
     reason = f": {'; '.join(r['missing'])}" if r.get("missing") else ""
     return (f"| {r['text']} | {r.get('source', '')} | {_f(r['mean_a'])} {op} {_f(r['mean_b'])}{margin} | "
-            f"{_f(r['diff'])} | [{_f(r['lo'])}, {_f(r['hi'])}] | {r['n']} | **{r['verdict']}**{reason} |")
+            f"{_f(r['diff'])} | [{_f(r['lo'])}, {_f(r['hi'])}] | {r['n']} | **{r['verdict']}**{reason} | "
+            f"{_p(r['p'])} | {_p(r['p_holm'])} | **{r['holm']}** |")
 
 
-HEADER = ["| claim | paper | mean a vs b | paired diff | 95% CI | seeds | verdict |", "|---|---|---|---|---|---|---|"]
+COLUMNS = "mean a vs b | paired diff | 95% CI | seeds | verdict (95% CI) | p | Holm p | Holm verdict |"
+HEADER = [f"| claim | paper | {COLUMNS}", "|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def at_once(meta: dict[str, Any]) -> str:
@@ -178,18 +270,28 @@ def at_once(meta: dict[str, Any]) -> str:
     return f", {jobs} seeds at a time" if jobs > 1 else ""
 
 
+def tally(c: dict[str, int]) -> str:
+    return f"{c['holds']} hold, {c['reversed']} reversed, {c['unresolved']} unresolved"
+
+
 def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Paper {config['paper']}: {config['title']}", "",
              f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), fixed in the config before the run, "
              f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores{at_once(meta)}; "
              f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
+             *(["", holm_legend(len(results))] if results else []),
              *([f"**Not re-trained:** {meta['reread']['note']}"] if meta.get("reread") else []),
+             *(["", f"**Verdicts rendered** at {meta['rendered']['commit']} ({meta['rendered']['date']}) from the "
+                "per-seed values this run stored: no run re-trained, no score re-read."] if meta.get("rendered") else []),
              *([f"Scores made at {', '.join(meta['made_at'])} (the same code as {meta['commit']})."]
                if meta.get("made_at") and not meta.get("other_code") and meta["made_at"] != [meta["commit"]] else []),
              *([f"**Scores made by other code:** {', '.join(meta['other_code'])} (of {', '.join(meta['made_at'])}): "
                 "the seed folders held runs of earlier code, which the workflow does not re-train when only the "
                 "code changes; re-run with a fresh `--workdir`."] if meta.get("other_code") else []),
              "", *HEADER, *map(claim_line, results), ""]
+    if results:
+        lines += [f"Of the {len(results)} claims: by their 95% intervals {tally(counts(results, 'verdict'))}; "
+                  f"after Holm over the {len(results)}: {tally(counts(results, 'holm'))}.", ""]
     for r in results:
         lines.append(f"* {r['text']}: a = {', '.join(_f(x) for x in r['a'])}; b = {', '.join(_f(x) for x in r['b'])}"
                      + (f" ({r['why']})" if r.get("why") and not r.get("missing") else "")
@@ -198,3 +300,35 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
     if notes:
         lines += ["", "Notes:", "", *[f"* {n}" for n in notes]]
     return "\n".join(lines) + "\n"
+
+
+def summary_markdown(out_dir: Path) -> str:
+    """Every paper's claims found in ``out_dir`` (``<paper>.json``), then how many hold, are reversed
+    and are unresolved per paper and in total, by the per-claim 95% interval and after Holm (each
+    paper's claims its own family)."""
+    lines = [f"| paper | claim | {COLUMNS}", "|---|---|---|---|---|---|---|---|---|---|"]
+    stamps = []
+    tallies = []
+    for path in sorted(out_dir.glob("[0-9][0-9][0-9].json")):
+        data = json.loads(path.read_text())
+        meta = data["meta"]
+        reread, rendered = meta.get("reread"), meta.get("rendered")
+        stamps.append(f"{data['paper']}: {meta['commit']}, {meta['date']}"
+                      + (f" (verdicts re-read at {reread['commit']} from those scores)" if reread else "")
+                      + (f" (verdicts rendered at {rendered['commit']} from its stored values)" if rendered else "")
+                      + (f" (**scores made by other code: {', '.join(meta['other_code'])}**)"
+                         if meta.get("other_code") else ""))
+        for r in data["results"]:
+            cells = claim_line(r).split(" | ")
+            lines.append(f"| {data['paper']} | {cells[0].lstrip('| ')} | " + " | ".join(cells[2:]))
+        tallies.append((data["paper"], len(data["results"]), counts(data["results"], "verdict"),
+                        counts(data["results"], "holm")))
+    total = ("total", sum(t[1] for t in tallies), *({v: sum(t[i][v] for t in tallies) for v in VERDICTS}
+                                                      for i in (2, 3)))
+    lines += ["", "Verdicts per paper (holds / reversed / unresolved); Holm: each paper's claims are one family.", "",
+              "| paper | claims | 95% CI per claim | Holm over the paper's claims |", "|---|---|---|---|"]
+    for paper, m, per_claim, by_holm in [*tallies, total]:
+        bold = "**" if paper == "total" else ""
+        lines.append(f"| {bold}{paper}{bold} | {m} | " + " | ".join(
+            f"{c['holds']} / {c['reversed']} / {c['unresolved']}" for c in (per_claim, by_holm)) + " |")
+    return "\n".join(lines) + "\n\nMeasured: " + "; ".join(stamps) + ".\n"

@@ -23,10 +23,11 @@ differences are paired. A claim compares two values of every seed:
 * ``source``: the paper's sentence or table cell the claim states.
 
 The tables a claim reads are built here, for each seed, by the pipeline's own table code from the
-seed's score files, with each run's *validation* numbers attached (``caprl.tables.validation``:
-the val metrics of the epoch its evaluated checkpoint holds, from ``runs/<ds>/<run>/history.json``):
-an ``auto`` operating point (paper 004's matched CIDEr-D or R@5) is then chosen on the validation
-curves, and each method's test numbers are read where its validation curve reaches it
+seed's score files, as ``caprl tables`` builds them: each score file carries its run's *validation*
+numbers (``caprl evaluate`` writes them from the checkpoint it evaluates: the val metrics of the
+epoch that checkpoint holds, :mod:`caprl.evaluation.validation`), so an ``auto`` operating point
+(paper 004's matched CIDEr-D or R@5) is chosen on the validation curves, and each method's test
+numbers are read where its validation curve reaches it
 (``caprl.tables.operating.read_curve``: the runs bracketing it on validation, their test numbers
 mixed in the same proportion). A validation curve that does not reach it leaves its cell empty.
 
@@ -37,7 +38,12 @@ than b by the margin or more), **reversed** if below -margin; else **unresolved*
 **unresolved**, with no interval, where any seed of the config has no value on either side (a run
 without scores, a metric missing, an empty table cell, e.g. a curve that does not reach the
 operating point): the reason names the seed; never a verdict on the other seeds. Language metrics
-are in % (as the papers print them), diversity ratios and recalls as written.
+are in % (as the papers print them), diversity ratios and recalls as written. Many comparisons: each
+claim also gets the p of the paired t-test its interval inverts and a Holm-Bonferroni verdict over
+its paper's claims (one family per paper; ``claim_verdicts.holm``), and the summary counts the
+verdicts both ways. ``--render-only`` writes the pages, jsons and summary again from the values the
+jsons hold, under today's verdict rules, without training (``--reread`` reads the stored scores
+again under today's config).
 
 Writes ``results/claims/<paper>.md`` and ``.json`` (every seed's values, validation numbers and
 tables) and ``results/claims/summary.md`` (every paper's claims found there); ``--readme`` copies
@@ -64,11 +70,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also wh
 from claim_verdicts import (  # Missing, interval, value_of, verdict: for the tests (claims.<name>)
     KINDS,
     Missing,  # noqa: F401
-    claim_line,
+    claim_line,  # noqa: F401
+    decide,
+    holm,
     interval,  # noqa: F401
     paper_markdown,
     ref_dataset,
     resolve,
+    summary_markdown,
     value_of,  # noqa: F401
     verdict,  # noqa: F401
 )
@@ -163,26 +172,31 @@ def tables_read(config: dict[str, Any]) -> set[tuple[str, str]]:
     return out
 
 
-def validation_numbers(workdir: Path, jobs: list[Any]) -> dict[str, dict[str, float]]:
-    """``<dataset>/<run>`` -> the val numbers of the epoch its checkpoint holds (its history.json's
-    ``best_epoch`` record, :mod:`caprl.tables.validation`); {} for a run without a history."""
-    from caprl.tables import validation
+def validation_numbers(workdir: Path, reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``<dataset>/<run>`` -> the val numbers its score file (``reports``, by the same key) carries:
+    the record of the epoch its evaluated checkpoint holds, read by the function the tables read them
+    with (:func:`caprl.evaluation.validation.numbers`). A score file without them (evaluated before
+    ``caprl evaluate`` recorded them) is an error naming it: its tables' operating points would be
+    chosen on the test curves."""
+    from caprl.evaluation import validation
+    from caprl.workflow.plan import SCORES
 
     out: dict[str, dict[str, float]] = {}
-    for job in jobs:
-        path = workdir / job.history
-        out[f"{job.dataset}/{job.run}"] = validation.read(path, job.run) if path.exists() else {}
+    for key, report in reports.items():
+        dataset, run = key.split("/", 1)
+        path = workdir / SCORES.format(dataset=dataset, run=run)
+        if validation.SECTION not in report:
+            raise SystemExit(f"{path}: no validation numbers (evaluated before caprl evaluate recorded its "
+                             "checkpoint's): delete it, and the workflow evaluates the run again")
+        out[key] = validation.numbers(report, str(path))
     return out
 
 
-def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, str]],
-                val: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
     """``<dataset>/<table>`` -> {csv, title, notes}: each table built by the pipeline's own code
-    (``caprl tables``) from the seed's score and retrieval files, with every run's validation
-    numbers attached (auto operating points chosen on validation, read on test); also written
-    to ``<workdir>/claims_tables/``."""
+    (``caprl tables``) from the seed's score and retrieval files (their validation numbers: auto
+    operating points chosen on validation, read on test); also written to ``<workdir>/claims_tables/``."""
     from caprl import params as params_mod
-    from caprl.tables import validation
     from caprl.tables.build import FORMATS, build_tables, load_scores
     from caprl.tables.runs import dataset_runs, gold_retrieval_runs
     from caprl.workflow.plan import RESULTS
@@ -195,8 +209,6 @@ def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, s
         runs = [view.name for view in dataset_runs(expanded, ds)]
         gold = [view.name for view in gold_retrieval_runs(expanded, ds)]
         scores = load_scores(workdir / RESULTS.format(dataset=ds), runs, ds, gold)
-        scores = validation.attach(scores, {run.split("/", 1)[1]: v for run, v in val.items()
-                                            if run.startswith(f"{ds}/")})
         table = build_tables(expanded, ds, scores, [name])[name]
         for ext, render in FORMATS.items():
             (folder / f"{ds}_{name}.{ext}").write_text(render(table))
@@ -206,7 +218,7 @@ def seed_tables(params: dict[str, Any], workdir: Path, tables: list[tuple[str, s
 
 def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> dict[str, Any]:
     """Build the seed's scores (and what the tables the claims read need) with the real workflow;
-    collect them, every trained run's validation numbers, and those tables (built here, their
+    collect them, every evaluated run's validation numbers, and those tables (built here, their
     operating points chosen on validation)."""
     from caprl.workflow.plan import RETRIEVAL, SCORES, build_plan
 
@@ -236,9 +248,9 @@ def run_seed(config: dict[str, Any], seed: int, workdir: Path, cores: int) -> di
             retrieval = json.loads((workdir / job.result(RETRIEVAL)).read_text())
             scores["retrieval"] = {k: v for k, v in retrieval.items() if k != "ranks"}
         out["runs"][f"{job.dataset}/{job.run}"] = scores
-    out["validation"] = validation_numbers(workdir, [job for ds in plan.datasets for job in plan.trained(ds)])
+    out["validation"] = validation_numbers(workdir, out["runs"])
     if tables:
-        for key, built in seed_tables(params, workdir, tables, out["validation"]).items():
+        for key, built in seed_tables(params, workdir, tables).items():
             out["tables"][key] = built["csv"]
             out["table_notes"][key] = [built["title"], *built["notes"]]
     return out
@@ -278,23 +290,6 @@ def other_code(commits: list[str], head: str) -> list[str]:
         if same.returncode != 0:
             differ.append(c)
     return differ
-
-
-def summary_markdown(out_dir: Path) -> str:
-    lines = ["| paper | claim | mean a vs b | paired diff | 95% CI | seeds | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    stamps = []
-    for path in sorted(out_dir.glob("[0-9][0-9][0-9].json")):
-        data = json.loads(path.read_text())
-        reread = data["meta"].get("reread")
-        stamps.append(f"{data['paper']}: {data['meta']['commit']}, {data['meta']['date']}"
-                      + (f" (verdicts re-read at {reread['commit']} from those scores)" if reread else "")
-                      + (f" (**scores made by other code: {', '.join(data['meta']['other_code'])}**)"
-                         if data["meta"].get("other_code") else ""))
-        for r in data["results"]:
-            cells = claim_line(r).split(" | ")
-            lines.append(f"| {data['paper']} | {cells[0].lstrip('| ')} | " + " | ".join(cells[2:]))
-    return "\n".join(lines) + "\n\nMeasured: " + "; ".join(stamps) + ".\n"
 
 
 def update_readme(summary: str) -> None:
@@ -383,6 +378,24 @@ def reread_paper(paper: str, args: argparse.Namespace) -> None:
     print(paper_markdown(config, results, meta))
 
 
+def render_paper(paper: str, args: argparse.Namespace) -> None:
+    """The paper's page and its json's verdicts again from each claim's per-seed values its last run
+    stored (``<out>/<paper>.json``'s ``results``), under today's verdict rules (the interval, the p,
+    Holm): no training and no re-reading of the scores, so every value stays as measured; the page
+    says when it was rendered. The config must still state the stored claims (else ``--reread``)."""
+    path = config_path(paper)
+    config = load_config(path)
+    out = Path(args.out)
+    stored = json.loads((out / f"{paper}.json").read_text())
+    if [c["id"] for c in config["claims"]] != [r["id"] for r in stored["results"]]:
+        raise SystemExit(f"{path}: its claims are not the ones {out / paper}.json stored: --reread reads them again")
+    results = holm([decide(r) for r in stored["results"]])
+    meta = {**stored["meta"], "rendered": {"commit": commit(), "date": datetime.date.today().isoformat()}}
+    (out / f"{paper}.json").write_text(json.dumps({**stored, "meta": meta, "results": results}, indent=1))
+    (out / f"{paper}.md").write_text(paper_markdown(config, results, meta))
+    print(paper_markdown(config, results, meta))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
@@ -399,10 +412,15 @@ def main() -> int:
     parser.add_argument("--readme", action="store_true", help="copy the summary into README.md")
     parser.add_argument("--reread", action="store_true",
                         help="no training: the verdicts again from the per-seed values <out>/<paper>.json stored")
+    parser.add_argument("--render-only", action="store_true",
+                        help="no training, no re-reading: the verdicts and pages again from each claim's per-seed "
+                             "values <out>/<paper>.json stored")
     args = parser.parse_args()
+    if args.reread and args.render_only:
+        parser.error("--reread and --render-only: one or the other")
     papers = sorted(p.name[:3] for p in CONFIGS.glob("[0-9][0-9][0-9]_*.yaml")) if args.all else [args.paper]
     for paper in papers:
-        (reread_paper if args.reread else run_paper)(paper, args)
+        (reread_paper if args.reread else render_paper if args.render_only else run_paper)(paper, args)
     summary = summary_markdown(Path(args.out))
     Path(args.out, "summary.md").write_text(summary)
     if args.readme:

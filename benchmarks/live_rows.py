@@ -1,6 +1,6 @@
 """What dropping ended rows from a CPU decode gains (caprl.decoding.live_rows), on a finished main run's models.
 
-    python benchmarks/live_rows.py [--workdir .] [--runs fc-scst topdown-scst fc-pg_spider-cider_d]
+    python benchmarks/live_rows.py [--workdir .] [--runs fc-scst topdown-scst fc_lstm-pg_spider-cider_d]
                                    [--steps 8] [--rounds 2]
 
 Needs the README's main command's outputs under ``--workdir`` (the synthetic set and the runs'
@@ -44,7 +44,7 @@ def timed(objective, model, data, ids, batch: int, steps: int) -> tuple[float, l
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", type=Path, default=Path("."))
-    p.add_argument("--runs", nargs="+", default=["fc-scst", "topdown-scst", "fc-pg_spider-cider_d"])
+    p.add_argument("--runs", nargs="+", default=["fc-scst", "topdown-scst", "fc_lstm-pg_spider-cider_d"])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()

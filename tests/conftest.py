@@ -24,8 +24,8 @@ TINY: dict[str, Any] = {
     "synthetic": {"n_train": 80, "n_val": 16, "n_test": 16, "image_size": 32, "max_objects": 2},
     "vocab": {"min_count": 2},
     "models": {name: {"embed_size": 16, "hidden_size": 24, **({"att_hidden_size": 16} if att else {})}
-               for name, att in [("fc", False), ("topdown", True), ("lstm3", False), ("softatt", True),
-                                 ("stackcap_star", True), ("stackcap", True)]}
+               for name, att in [("fc", False), ("fc_lstm", False), ("fc_lstm_state", False), ("topdown", True),
+                                 ("lstm3", False), ("softatt", True), ("stackcap_star", True), ("stackcap", True)]}
               | {"transformer": {"num_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}},
     "objectives": {"xe": {"epochs": 2}, "scst": {"epochs": 1, "n_samples": 2}, "c2f": {"epochs": 1, "n_samples": 2},
                    "pg_spider": {"epochs": 1, "rollouts": 2, "baseline_hidden": 8, "baseline_warmup_steps": 1},
@@ -53,7 +53,8 @@ TINY["runs"] = {run: {"options": {"epochs": TINY["objectives"][spec["method"]]["
 TINY_VIDEO: dict[str, Any] = {  # the built-in video set, tiny, with an attention model (it attends over frames)
     "enabled": True,
     "synthetic": {"n_train": 40, "n_val": 8, "n_test": 8, "image_size": 32, "max_objects": 2, "frames": 4},
-    "runs": ["fc-xe", "fc-scst", "fc-sll_me", "fc-sll_sle", "topdown-xe", "topdown-sll_sle"],  # fc-scst: SLL
+    "runs": ["fc_lstm_state-xe", "fc_lstm_state-sll", "fc_lstm_state-sll_me", "fc_lstm_state-sll_sle", "topdown-xe",
+             "topdown-sll_sle"],
 }
 
 

@@ -113,8 +113,8 @@ def init_params(**init: str) -> dict[str, Any]:
     """TINY with a few runs of params.yaml that start from others; ``init``: fc-scst's."""
     params = merge(default_params(), TINY)
     runs = default_params()["runs"]
-    params["runs"] = {name: runs[name] for name in ("fc-xe", "fc-scst", "fc-pg_spider-spider", "listener",
-                                                     "fc-luo2018")}
+    params["runs"] = {name: runs[name] for name in ("fc-xe", "fc-scst", "fc_lstm-xe", "fc_lstm-pg_spider-spider",
+                                                     "listener", "fc-luo2018")}
     params["runs"]["fc-scst"]["init"] = init or params["runs"]["fc-scst"]["init"]
     params["spice"]["corenlp_dir"] = "no-corenlp"  # SPICE cannot run here: the spider reward is skipped
     return params
@@ -138,8 +138,8 @@ def test_snakemake_names_the_init_key_before_building_the_dag(tmp_path: Path) ->
         "runs.fc-scst.init.model: run 'fc-luo2018' has a sweep: (one run per point), so name one of its points: "
         "fc-luo2018-lam0_5": init_params(model="fc-luo2018"),
         # a run starting from one that cannot run here is skipped, and says why (design: the rest runs)
-        "run fc-scst on dataset synthetic is skipped: starts from run fc-pg_spider-spider, which is skipped":
-            init_params(model="fc-pg_spider-spider"),
+        "run fc-scst on dataset synthetic is skipped: starts from run fc_lstm-pg_spider-spider, which is skipped":
+            init_params(model="fc_lstm-pg_spider-spider"),
         # what the method has: the stages refuse the same in the same words (caprl.objectives.run_checks)
         "runs.fc-scst.init.listener: method scst has no module 'listener' (its runs train model); drop "
         "init.listener": init_params(model="fc-xe", listener="fc-xe"),

@@ -129,7 +129,7 @@ def test_seeds_run_the_real_workflow_in_a_relative_workdir_two_at_a_time(tmp_pat
     for seed, out in per_seed.items():
         scores = out["runs"]["synthetic/fc-xe"]
         assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
-        assert 0 <= out["validation"]["synthetic/fc-xe"]["CIDEr-D"]  # its history's best epoch: the evaluated weights
+        assert 0 <= out["validation"]["synthetic/fc-xe"]["CIDEr-D"]  # its score file's: the evaluated checkpoint's epoch
         assert (tmp_path / "claims" / "p" / f"seed{seed}" / "params.yaml").exists()
         assert not (tmp_path / "claims" / "p" / f"seed{seed}" / "claims").exists()
     assert per_seed[1]["runs"] != per_seed[2]["runs"]  # each seed its own data and weights
@@ -296,6 +296,11 @@ def validation_of(params: dict, scores: dict, shift: float,
     return out
 
 
+def evaluated(report: dict, val: dict[str, float], epoch: int = 2) -> dict:
+    """``report`` as ``caprl evaluate`` writes it from a checkpoint holding ``epoch``, validation ``val``."""
+    return {**report, "best_epoch": epoch, "validation": {"epoch": epoch, "metrics": val}}
+
+
 def test_an_auto_operating_point_comes_from_the_validation_curves_and_is_read_on_test():
     """Test curves' CIDEr-D overlap ends at 1.25 (Luo's highest); the validation curves lie 0.05 lower,
     so x0 = 1.20 on validation, and each method's TEST numbers are read where its VALIDATION curve
@@ -310,8 +315,8 @@ def test_an_auto_operating_point_comes_from_the_validation_curves_and_is_read_on
     scores = family_scores(params, "synthetic")
     on_test = dict(psst_table2(params, "synthetic", scores).rows)
     assert on_test["Luo et al. 2018"][2].ours == pytest.approx(50.0)  # x0 = 1.25 on the test curves
-    val = validation_of(params, scores, -0.05)  # attached as caprl.tables.validation.attach does
-    table = psst_table2(params, "synthetic", {run: {**r, "validation": val[run]} for run, r in scores.items()})
+    val = validation_of(params, scores, -0.05)  # as caprl evaluate writes them (caprl.evaluation.validation)
+    table = psst_table2(params, "synthetic", {run: evaluated(r, val[run]) for run, r in scores.items()})
     assert "CIDEr-D = 1.200 (auto, chosen on validation" in table.title
     got = dict(table.rows)
     assert got["Luo et al. 2018"][2].ours == pytest.approx(50.0)  # val 1.20 is its test 1.25 run, not 52.5
@@ -320,38 +325,33 @@ def test_an_auto_operating_point_comes_from_the_validation_curves_and_is_read_on
     assert any("chosen on the validation split" in n for n in table.notes)
     # Luo's val curve alone 0.1 lower still: x0 = 1.15 (its highest val), read at its own highest run
     val = validation_of(params, scores, -0.05, {"luo2018": -0.05})
-    got = dict(psst_table2(params, "synthetic", {run: {**r, "validation": val[run]} for run, r in scores.items()}).rows)
+    got = dict(psst_table2(params, "synthetic", {run: evaluated(r, val[run]) for run, r in scores.items()}).rows)
     assert got["Luo et al. 2018"][2].ours == pytest.approx(50.0)  # the same test run: its val moved, not its test
 
 
 def test_the_claims_read_tables_built_on_validation_and_an_unreached_point_leaves_the_seed_unresolved(tmp_path):
-    """A seed's folder as the workflow leaves it (score and retrieval files, history.json): the claims
-    build psst_table2 with x0 from the validation curves (0.2 below the test ones: x0 = 1.05, which
-    PSST Multinomial's validation curve, 0.3 lower still at 0.65-0.85, does not reach)."""
-    from types import SimpleNamespace
-
+    """A seed's folder as the workflow leaves it (score files carrying their checkpoint's validation
+    numbers, retrieval files): the claims build psst_table2 with x0 from the validation curves (0.2
+    below the test ones: x0 = 1.05, which PSST Multinomial's validation curve, 0.3 lower still at
+    0.65-0.85, does not reach). A score file without validation numbers is refused, named."""
     from test_psst_tables import family_params, family_scores
 
     params = {**family_params(), "tables": ["psst_table2"]}
     scores = family_scores(params, "synthetic")
     val = validation_of(params, scores, -0.2, {"psst_multinomial": -0.3})
-    jobs = []
+    reports = {}
     for run, report in scores.items():
         folder = tmp_path / "results" / "synthetic" / run
         folder.mkdir(parents=True)
         retrieval = {**report.pop("retrieval"), "split": "test", "captions": "generated"}
-        (folder / "scores.json").write_text(json.dumps(report))
+        reports[f"synthetic/{run}"] = evaluated(report, val[run])
+        (folder / "scores.json").write_text(json.dumps(reports[f"synthetic/{run}"]))
         (folder / "retrieval.json").write_text(json.dumps(retrieval))
-        history = tmp_path / "runs" / "synthetic" / run / "history.json"
-        history.parent.mkdir(parents=True)
-        epochs = [{"epoch": 0, "start": True, "val_CIDEr-D": 0.5, "val_R@10": 0.1},
-                  {"epoch": 2, **{f"val_{k}": v for k, v in val[run].items()}},
-                  {"epoch": 3, "val_CIDEr-D": 9.9, "val_R@10": 0.0}]
-        history.write_text(json.dumps({"run": run, "best_epoch": 2, "epochs": epochs}))
-        jobs.append(SimpleNamespace(dataset="synthetic", run=run, history=f"runs/synthetic/{run}/history.json"))
-    numbers = claims.validation_numbers(tmp_path, jobs)
-    assert numbers[f"synthetic/{jobs[0].run}"] == pytest.approx(val[jobs[0].run])  # the best epoch's record
-    built = claims.seed_tables(params, tmp_path, [("synthetic", "psst_table2")], numbers)["synthetic/psst_table2"]
+    first = next(iter(scores))
+    assert claims.validation_numbers(tmp_path, reports)[f"synthetic/{first}"] == pytest.approx(val[first])
+    with pytest.raises(SystemExit, match=f"synthetic/{first}/scores.json: no validation numbers"):
+        claims.validation_numbers(tmp_path, {f"synthetic/{first}": scores[first]})
+    built = claims.seed_tables(params, tmp_path, [("synthetic", "psst_table2")])["synthetic/psst_table2"]
     assert "CIDEr-D = 1.050 (auto, chosen on validation" in built["title"]
     assert (tmp_path / "claims_tables" / "synthetic_psst_table2.md").exists()
     seed = {"runs": {}, "tables": {"synthetic/psst_table2": built["csv"]},
@@ -367,7 +367,7 @@ def test_the_claims_read_tables_built_on_validation_and_an_unreached_point_leave
 
 def test_the_best_epochs_record_is_the_runs_validation_point():
     from caprl.errors import CaprlError
-    from caprl.tables import validation
+    from caprl.evaluation import validation
 
     history = {"run": "r", "best_epoch": 0, "epochs": [
         {"epoch": 0, "start": True, "train_loss": None, "val_CIDEr-D": 1.5, "val_R@10": 0.4},

@@ -86,6 +86,7 @@ def tiny_clip(tmp_path: Path) -> tuple[Any, Any, Any]:
     return CLIPModel(config).eval(), tokenizer, processor
 
 
+@pytest.mark.numerics
 def test_clip_s_and_refclip_s_of_a_tiny_clip_match_a_hand_computation(tmp_path: Path) -> None:
     """Each caption's CLIP-S and RefCLIP-S against the formula computed by hand (numpy) on the
     model's own embeddings, one text and one image at a time, with Hessel et al.'s prompt; the
@@ -122,6 +123,7 @@ def test_clip_s_and_refclip_s_of_a_tiny_clip_match_a_hand_computation(tmp_path: 
     scorer = ClipScorer(embedding, W, batch_size=2)
     ids = sorted(captions)
     per = scorer.scores(ids, [captions[i].split() for i in ids], {i: [r.split() for r in references[i]] for i in ids})
+    # a CLIP forward on batches of 2 against 1, in float32 (the processor's pixels): a tolerance not derived
     assert per[CLIP_S].tolist() == pytest.approx([clip_hand[i] for i in ids], abs=1e-5)
     assert per[REF_CLIP_S].tolist() == pytest.approx([refclip_hand[i] for i in ids], abs=1e-5)
     corpus = corpus_scores(scorer, {i: captions[i].split() for i in ids}, {i: [r.split() for r in references[i]]
@@ -148,6 +150,7 @@ def toy_listener_embedding(seed: int = 0) -> tuple[Listener, ListenerEmbedding]:
                                        lambda ids: ToyData().features_of(ids, regions=False)[0])
 
 
+@pytest.mark.numerics
 def test_the_listener_variant_is_w_times_the_clamped_listener_cosine() -> None:
     """CLIP-S (listener) = 2.5 max(cos, 0) of the listener's caption and image embeddings: paper 003's
     embedding reward (its cosine) clamped and scaled; RefCLIP-S against the listener's reference cosines."""
@@ -159,6 +162,7 @@ def test_the_listener_variant_is_w_times_the_clamped_listener_cosine() -> None:
     cosine = embedding_reward(listener, tokens, pooled)  # paper 003's reward: the same cosine
     assert (cosine > 0).any() and (cosine < 0).any()  # both branches of max(., 0) are checked
     scorer = ClipScorer(embedding, W, batch_size=3)
+    # batches of 3 against 4 rows (other kernels) in float32, which ListenerEmbedding casts to: not derived
     assert scorer.clip_s(ids, captions).tolist() == pytest.approx((W * cosine.clamp(min=0)).tolist(), abs=1e-6)
     refs = {i: [["a", "red", "circle"], ["a", "blue", "square"]] for i in ids}
     ref_tokens = torch.tensor([[1, 2, 3, 0], [1, 4, 5, 0]])

@@ -76,7 +76,7 @@ def test_doubling_epochs_doubles_the_training_estimate(params: dict[str, Any]) -
     job = "train synthetic/fc-scst"  # starts from fc-xe: one more validation, of the start
     assert two[job].steps == 2 * one[job].steps
     assert two[job].hours == pytest.approx(2 * one[job].hours, rel=0.02)
-    assert two["train synthetic/fc-sll_me"].hours == one["train synthetic/fc-sll_me"].hours
+    assert two["train synthetic/fc_lstm_state-sll_me"].hours == one["train synthetic/fc_lstm_state-sll_me"].hours
 
 
 def test_a_larger_batch_changes_the_steps_and_the_step_time(params: dict[str, Any]) -> None:

@@ -45,11 +45,14 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)["modules"]["model"]["state"]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("model", ["fc", pytest.param("topdown", marks=pytest.mark.full)])
 def test_two_processes_follow_the_one_process_curve(dataset: DatasetPaths, tmp_path: Path, model: str) -> None:
     one_xe, one_state = train(dataset, f"{model}-xe", 1, tmp_path / "xe1")
     two_xe, two_state = train(dataset, f"{model}-xe", 2, tmp_path / "xe2")
     assert len(one_xe) == len(two_xe) == 4
+    # `caprl train` runs in float32 (features read from HDF5): Adam steps on gradients summed in
+    # another order, tolerances not derived (tests/test_turns.py runs the DDP comparison in float64)
     assert one_xe == pytest.approx(two_xe, rel=1e-5, abs=1e-6)
     for name, tensor in weights(one_state).items():
         if name.endswith("score.bias"):

@@ -16,6 +16,7 @@ from caprl.decoding.constraints import BAD_ENDINGS
 from caprl.decoding.options import OFF, DecodeOptions, read_options
 from caprl.models.base import Batch, CaptionModel, map_batch
 from conftest import default_params
+from decode_reference import constrained, diverse_groups
 from decode_toy import BAD, WORDS, Allowed, TableModel, best_captions, every_caption, images, repeats_a_trigram, \
     step_logprobs, words_of
 from toy import ending_model
@@ -35,18 +36,6 @@ def allowed(settings: dict[str, Any]) -> Allowed:
                     or (settings.get("remove_bad_endings") and words and words[-1] in BAD)
                     or (settings.get("block_trigrams") and repeats_a_trigram(words)))
     return ok
-
-
-def constrained(lp: list[float], words: Sequence[int], t: int, max_length: int,
-                settings: dict[str, Any]) -> list[float]:
-    """One step's log-probabilities with the words the rules ban at -inf, word by word."""
-    def banned(w: int) -> bool:
-        if w == 0:
-            return bool(settings.get("remove_bad_endings") and words and words[-1] in BAD)
-        return bool((settings.get("suppress_unk") and w == UNK)
-                    or (settings.get("remove_bad_endings") and t == max_length - 1 and w in BAD)
-                    or (settings.get("block_trigrams") and repeats_a_trigram([*words, w])))
-    return [float("-inf") if banned(w) else x for w, x in enumerate(lp)]
 
 
 CASES = [({}, 4), ({"length_penalty": "wu", "length_alpha": 0.8}, 4), ({"length_penalty": "average"}, 4),
@@ -100,36 +89,6 @@ def test_greedy_takes_the_most_likely_word_the_rules_allow(settings: dict[str, A
     assert not all(allowed(settings)(words_of(row)) for row in plain.tolist())  # the rules change something here
 
 
-def naive_diverse_beams(model: TableModel, image: float, width: int, groups: int, lam: float, max_length: int,
-                        rank: Callable[[float, int], float],
-                        settings: dict[str, Any]) -> list[tuple[tuple[int, ...], float]]:
-    """Vijayakumar et al. 2016, Alg. 1 with Hamming diversity, read literally for one image: at each
-    step the groups choose in order, group g's word w costing lam per beam of groups 1..g-1 that
-    chose w at this step; a beam's selection score sums the augmented log-probabilities (the
-    authors' code); the final list is ranked by the plain log-probability."""
-    per = width // groups
-    # (words, log-probability, selection score, ended, length |Y|, chose a word at this step)
-    beams = [[((), 0.0, 0.0, False, 0, False)] for _ in range(groups)]
-    for t in range(max_length):
-        counts = [0] * V
-        for g in range(groups):
-            cands = []
-            for words, raw, sel, ended, length, _ in beams[g]:
-                if ended:
-                    cands.append((words, raw, sel, True, length, False))
-                    continue
-                lp = constrained(step_logprobs(model, image, words), words, t, max_length, settings)
-                for w in range(V):
-                    aug = lp[w] - lam * counts[w] if g else lp[w]
-                    if lp[w] > float("-inf"):
-                        cands.append((words + (w,), raw + lp[w], sel + aug, w == 0, t + 1, True))
-            beams[g] = sorted(cands, key=lambda c: -rank(c[2], c[4]))[:per]
-            for words, *_, chose in beams[g]:
-                counts[words[-1]] += chose
-    return sorted(((words_of(w), rank(raw, n)) for group in beams for w, raw, _, _, n, _ in group),
-                  key=lambda c: (-c[1], c[0]))
-
-
 @pytest.mark.parametrize("width, groups, lam, settings", [
     (6, 3, 0.5, {}), (6, 2, 2.0, {"length_penalty": "wu", "length_alpha": 0.7}),
     (4, 2, 1.0, {"length_penalty": "average", "suppress_unk": True, "remove_bad_endings": True,
@@ -144,8 +103,9 @@ def test_diverse_beam_search_is_the_papers_algorithm(width: int, groups: int, la
         plain, _ = decoding.beam_search(model, ctx, width, max_length)
     rank = RANKS[opts.length_penalty]
     for b, image in enumerate(ctx.tolist()):
-        want = naive_diverse_beams(model, image, width, groups, lam, max_length,
-                                   lambda s, n: rank(s, n, opts.length_alpha), settings)
+        beams = diverse_groups(model, image, width, groups, lam, max_length,
+                               lambda s, n: rank(s, n, opts.length_alpha), settings)
+        want = sorted(((w, s) for group in beams for w, s, _ in group), key=lambda c: (-c[1], c[0]))  # plain
         got = sorted(zip([words_of(r) for r in tokens[b].tolist()], scores[b].tolist()), key=lambda c: (-c[1], c[0]))
         assert [w for w, _ in got] == [w for w, _ in want]
         torch.testing.assert_close(torch.tensor([s for _, s in got]), torch.tensor([s for _, s in want]))

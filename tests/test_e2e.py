@@ -28,10 +28,12 @@ PARAMS = merge(default_params(), merge(TINY, {"datasets": {"synthetic_video": TI
 # Papers 003/004 here: the listener, Luo (frozen listener), ST and PSST multinomial (trained listener,
 # relaxed rows), both frozen speakers, value + actor-critic; the other methods run in their unit and
 # GPU tests (CI time). DVC (it runs its stages one at a time) re-runs the fc model's XE, SCST and
-# PSST runs with the main and operating-point tables, and (`pytest --full`) the video set's fc XE run.
+# PSST runs with the main and operating-point tables, and (`pytest --full`) the video set's XE run
+# (paper 002's model, fc_lstm_state).
 DISC_LEFT_OUT = ("reinforce_joint", "st_gumbel", "psst_gumbel")
 DVC_METHODS = ("xe", "scst", "listener", "psst_multinomial")
 DVC_TABLES = {"synthetic": ["main", "psst_points"], "synthetic_video": ["main"]}
+DVC_MODELS = {"synthetic": "fc", "synthetic_video": "fc_lstm_state"}
 PARAMS["datasets"]["synthetic"]["runs"] = [
     run for run, spec in expand_sweeps(PARAMS)["runs"].items() if spec["method"] not in DISC_LEFT_OUT]
 PLAN = build_plan(PARAMS)
@@ -130,16 +132,16 @@ def test_the_video_set_and_the_sle_tables(snakemake_run: Path) -> None:
     assert not list(tables.glob(f"{VIDEO}_stackcap*"))  # the video set's own tables: params' datasets.<name>.tables
     for ds, table in (("synthetic", "sle_table2"), (VIDEO, "sle_table3")):
         md = (tables / f"{ds}_{table}.md").read_text()
-        for run_name in ("fc-scst", "fc-sll_me", "fc-sll_sle", "topdown-sll_sle"):  # SLL: fc-scst
+        for run_name in ("fc_lstm_state-sll", "fc_lstm_state-sll_me", "fc_lstm_state-sll_sle", "topdown-sll_sle"):
             row = next(line for line in md.splitlines() if f"[{run_name}]" in line)
             assert row.split("|")[3].strip()[0].isdigit(), row  # CIDEr-D column filled
     for ds in PLAN.datasets:
         md = (tables / f"{ds}_sle_table4.md").read_text()
-        rows = [line for line in md.splitlines() if "(SLL-SLE, rs) [fc-sll_sle]" in line]
+        rows = [line for line in md.splitlines() if "(SLL-SLE, rs) [fc_lstm_state-sll_sle]" in line]
         assert rows and all(c.strip()[0].isdigit() for c in rows[0].split("|")[2:6]), rows
         samples = (tables / f"{ds}_sle_samples.md").read_text()
-        assert "fc-sll_sle" in samples
-    scores = all_scores(snakemake_run)[f"{VIDEO}/fc-sll_sle"]
+        assert "fc_lstm_state-sll_sle" in samples
+    scores = all_scores(snakemake_run)[f"{VIDEO}/fc_lstm_state-sll_sle"]
     diversity = scores["diversity"]
     n = PARAMS["evaluate"]["diversity"]["samples"]
     assert set(diversity["rs"]) == set(diversity["bs"]) == {"CIDEr-D", "CIDEr-D_mean", "Div-1", "Div-2", "mBLEU-4",
@@ -240,7 +242,7 @@ def dvc_started(tmp_path_factory: pytest.TempPathFactory,
         if not params["datasets"][ds].get("enabled", True):
             continue
         spec = params["datasets"][ds]
-        spec.update(tables=tables, runs=[r for r in spec["runs"] if runs[r]["model"] == "fc"
+        spec.update(tables=tables, runs=[r for r in spec["runs"] if runs[r]["model"] == DVC_MODELS[ds]
                                          and runs[r]["method"] in DVC_METHODS[: 4 if ds == "synthetic" else 1]])
     work = fresh_copy(tmp_path_factory.mktemp("dvc") / "dvc", params)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

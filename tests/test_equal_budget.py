@@ -26,7 +26,7 @@ claims = importlib.util.module_from_spec(spec)
 sys.modules["claims_for_budget"] = claims
 spec.loader.exec_module(claims)
 
-EQUAL = ("fc-scst", "fc-mixer", "fc-pg_spider-cider_d-equal")
+EQUAL = ("fc_lstm-scst", "fc_lstm-mixer", "fc_lstm-pg_spider-cider_d-equal")
 GOLD_PER_IMAGE = 5
 
 
@@ -78,5 +78,5 @@ def test_equal_budget_runs_see_equal_sample_counts(monkeypatch: pytest.MonkeyPat
 def test_the_papers_budget_differs_and_says_so() -> None:
     """The paper's comparison keeps each method's own M: PG-SPIDEr samples one caption per image."""
     p = params()
-    assert run_spec(p, "fc-pg_spider-cider_d").options["n_samples"] == 1
-    assert run_spec(p, "fc-pg_spider-cider_d-equal").options["n_samples"] == 5
+    assert run_spec(p, "fc_lstm-pg_spider-cider_d").options["n_samples"] == 1
+    assert run_spec(p, "fc_lstm-pg_spider-cider_d-equal").options["n_samples"] == 5

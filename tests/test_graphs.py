@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import sigterm_after_step
+from numerics import FLOAT64_TOL, assert_float64_close, to_float64
 from toy import CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode, fit, snapshot, toy_trainer
 
 from caprl import decoding
@@ -39,23 +40,25 @@ def xe(model: Any, **options: Any) -> Any:
     return build_objective("xe", {"lr": 1e-2, "epochs": 2, **CONSTANT_LR, **options}, env, model)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_the_fixed_shape_loss_is_the_shrinking_one(arch: str) -> None:
-    model = model_of(arch)
+    """Fixed shapes against a batch that shrinks as captions end (other matmul shapes): in float64."""
+    model = model_of(arch).double()
     gen = torch.Generator().manual_seed(1)
     labels = torch.randint(1, len(WORDS), (7, 6), generator=gen)
     for row, length in enumerate([6, 0, 3, 1, 5, 2, 4]):  # every length, padding after each caption's end
         labels[row, length:] = 0
-    ctx = model.encode(torch.randn(7, FEAT, generator=gen), torch.randn(7, 3, FEAT, generator=gen))
+    ctx = model.encode(*to_float64(torch.randn(7, FEAT, generator=gen), torch.randn(7, 3, FEAT, generator=gen)))
     want = model.token_logprobs(ctx, labels)
     got = model.token_logprobs_fixed(ctx, labels)
     assert got.shape == want.shape
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    batch = ToyData().batch([0, 1, 2, 5])
+    assert_float64_close(got, want)
+    batch = to_float64(ToyData().batch([0, 1, 2, 5]))
     objective = xe(model)
     (loss, metrics), (fixed, tensors) = objective.loss(model, batch), objective.fixed_loss(model, batch)
-    torch.testing.assert_close(fixed, loss, atol=1e-6, rtol=1e-6)
-    assert set(tensors) == set(metrics) and all(abs(float(tensors[k]) - metrics[k]) < 1e-6 for k in metrics)
+    assert_float64_close(fixed, loss)
+    assert set(tensors) == set(metrics) and all(abs(float(tensors[k]) - metrics[k]) < FLOAT64_TOL for k in metrics)
 
 
 def test_scheduled_sampling_and_methods_with_host_rewards_step_eagerly() -> None:
@@ -87,26 +90,32 @@ def _graphed_trainer(model: Any, state_dir: Path, dist: Any = None, capture: boo
     return trainer
 
 
-def test_the_graphed_steps_plumbing_trains_as_the_eager_step(tmp_path: Path) -> None:
+@pytest.mark.numerics
+def test_the_graphed_steps_plumbing_trains_as_the_eager_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a CPU (nothing captured): static inputs, a rate decay written in place, and the last,
-    smaller batch of each epoch (another shape) stepped eagerly; the same losses and weights."""
-    eager_model, graphed_model = model_of("topdown"), model_of("topdown")
+    smaller batch of each epoch (another shape) stepped eagerly; the same losses and weights. The
+    graphed step's loss is the fixed-shape one (other matmul shapes): both trainers run in float64."""
+    features_of = ToyData.features_of
+    monkeypatch.setattr(ToyData, "features_of", lambda self, *args: to_float64(*features_of(self, *args)))
+    eager_model, graphed_model = model_of("topdown").double(), model_of("topdown").double()
     eager = toy_trainer(xe(eager_model, epochs=3, lr_decay_every=1, lr_decay_rate=0.5), eager_model,
                         tmp_path / "eager", epochs=3, batch_size=6)
     graphed = _graphed_trainer(graphed_model, tmp_path / "graphed", batch_size=6)
     graphed.objective.options.lr_decay_every, graphed.objective.options.lr_decay_rate = 1, 0.5
-    graphed.optimizer.param_groups[0]["lr"] = torch.tensor(1e-2)  # as capturable_adam makes it
+    # as capturable_adam makes it, in float64 here: a float32 rate is 1e-2 (1 - 2e-8), a difference of its own
+    graphed.optimizer.param_groups[0]["lr"] = torch.tensor(1e-2, dtype=torch.float64)
     a, b = fit(eager), fit(graphed)
     assert graphed.graphed.eager_steps == 6  # 2 full batches of 6 per epoch; the 4-image ones stepped eagerly
     assert isinstance(graphed.optimizer.param_groups[0]["lr"], torch.Tensor)
     assert float(graphed.optimizer.param_groups[0]["lr"]) == pytest.approx(1e-2 * 0.25)
     for x, y in zip(a, b):
         assert x["lr"] == y["lr"]
-        torch.testing.assert_close(torch.tensor(y["step_losses"]), torch.tensor(x["step_losses"]), atol=1e-5, rtol=1e-5)
+        assert_float64_close(torch.tensor(y["step_losses"], dtype=torch.float64),
+                             torch.tensor(x["step_losses"], dtype=torch.float64))
     for key, value in snapshot(eager_model).items():
         if key.endswith("attention.score.bias"):  # a softmax ignores it: its gradient is rounding noise,
             continue                              # which Adam scales up to +-lr either way
-        torch.testing.assert_close(graphed_model.state_dict()[key], value, atol=1e-5, rtol=1e-5, msg=key)
+        assert_float64_close(graphed_model.state_dict()[key], value, msg=key)
 
 
 def test_a_checkpoint_holds_float_rates(tmp_path: Path) -> None:

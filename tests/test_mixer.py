@@ -17,6 +17,7 @@ from caprl.models import build_model
 from caprl.models.base import map_batch
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.mixer import continues, schedule, xe_mask
+from numerics import assert_float64_close, to_float64
 from toy import CONSTANT_LR, WORDS, count_red, decode
 
 MAX_LENGTH = 6
@@ -63,24 +64,26 @@ def test_m_is_a_pure_function_of_the_epoch_from_the_trainers_step() -> None:
     assert objective.loss(model, batch)[1]["mixer_m"] == 4.0
 
 
+@pytest.mark.numerics
 def test_xe_part_is_xes_loss_on_the_prefix_positions() -> None:
     """Positions t < M of every caption (all of a caption of at most M words, its end token
     included) are XE on the gold words: the same log-probabilities as ``xe``'s teacher forcing."""
     model, batch, env = setup()
+    model, batch = to_float64(model, batch)  # the mixed decode's gold steps against a teacher-forced forward
     mask = xe_mask(batch.labels, 2, MAX_LENGTH + 1)
     expected_mask = torch.zeros(5, MAX_LENGTH + 1)
     expected_mask[[0, 1, 3, 4], :2] = 1  # longer than 2 words: positions 0, 1
     expected_mask[2, :3] = 1  # "a red": 2 words and its end token
     assert torch.equal(mask, expected_mask)
     assert continues(batch.labels, 2).tolist() == [True, True, False, True, True]
-    objective = mixer(env, model)
+    objective = to_float64(mixer(env, model))
     mixed = objective.decode(model, batch, 2)
     gold = model.token_logprobs(gold_rows_ctx(model, batch), batch.labels)[:, -1]  # [R, T+1], xe's
     positions = mixed.gold_logprobs.shape[1]
-    torch.testing.assert_close(mixed.gold_logprobs * mixed.gold_mask, gold[:, :positions] * mixed.gold_mask)
+    assert_float64_close(mixed.gold_logprobs * mixed.gold_mask, gold[:, :positions] * mixed.gold_mask)
     _, stats = objective.mixed_loss(mixed, batch)
-    xe_prefix = float((-gold.detach() * expected_mask).sum() / expected_mask.sum())
-    assert stats["xe"] == pytest.approx(xe_prefix, rel=1e-6)
+    xe_prefix = (-gold.detach() * expected_mask).sum() / expected_mask.sum()
+    assert_float64_close(stats["xe"], xe_prefix)
 
 
 def test_reinforce_reaches_only_the_sampled_positions_from_m_on() -> None:
@@ -106,21 +109,26 @@ def test_reinforce_reaches_only_the_sampled_positions_from_m_on() -> None:
     assert all(len(c) <= MAX_LENGTH for c in mixed.captions)
 
 
+@pytest.mark.numerics
 def test_m_at_least_every_caption_length_is_xe() -> None:
     model, batch, env = setup()
+    model, batch = to_float64(model, batch)  # MIXER's XE part against xe's loss: other forwards, other sums
     xe_loss, _ = build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR}, env, model).loss(model, batch)
-    loss, stats = mixer(env, model, m_start=6).loss(model, batch)  # the longest caption has 6 words
-    assert torch.isclose(loss, xe_loss, atol=1e-6) and "reinforce" not in stats
-    loss5, stats5 = mixer(env, model, m_start=5).loss(model, batch)  # the 6-word caption samples its end
+    loss, stats = to_float64(mixer(env, model, m_start=6)).loss(model, batch)  # the longest caption has 6 words
+    assert_float64_close(loss, xe_loss)
+    assert "reinforce" not in stats
+    loss5, stats5 = to_float64(mixer(env, model, m_start=5)).loss(model, batch)  # the 6-word caption samples its end
     assert "reinforce" in stats5 and not torch.isclose(loss5, xe_loss, atol=1e-6)
 
 
+@pytest.mark.numerics
 def test_m_zero_is_reinforce_from_the_start_token_with_the_learned_baseline() -> None:
     """M = 0: one sample per gold caption from the start token (the step's noise over the caption
     rows), -(r - b_t) log p per sampled token, b_t a linear regressor on the detached hidden
     state trained by MSE: its gradient never reaches the RNN."""
     model, batch, env = setup()
-    objective = mixer(env, model, m_start=0)
+    model, batch = to_float64(model, batch)  # the objective's decode and sums against a hand rollout's
+    objective = to_float64(mixer(env, model, m_start=0))
     assert isinstance(objective.baseline, nn.Linear)
     loss, stats = objective.loss(model, batch)
     model.zero_grad()
@@ -140,15 +148,15 @@ def test_m_zero_is_reinforce_from_the_start_token_with_the_learned_baseline() ->
     b = objective.baseline(samples.hidden[:, 0].detach()).squeeze(-1)
     policy = (-(r[:, None] - b).detach() * logp * mask).sum() / mask.sum()
     mse = (((r[:, None] - b) ** 2) * mask).sum() / mask.sum()
-    assert torch.isclose(loss, policy + mse, atol=1e-6)
+    assert_float64_close(loss, policy + mse)
     assert stats["reward_sample"] == pytest.approx(float(r.mean())) and stats["xe"] == 0.0
     policy.backward(retain_graph=True)
     for expected, got in zip([p.grad.clone() for p in model.parameters()], got_model):
-        torch.testing.assert_close(got, expected)  # the MSE adds nothing to the RNN's gradient
+        assert_float64_close(got, expected)  # the MSE adds nothing to the RNN's gradient
     model.zero_grad()
     mse.backward()
     for expected, got in zip([p.grad for p in objective.baseline.parameters()], got_baseline):
-        torch.testing.assert_close(got, expected)
+        assert_float64_close(got, expected)
     assert all(p.grad is None or not bool(p.grad.any()) for p in model.parameters())
 
 

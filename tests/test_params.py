@@ -125,14 +125,17 @@ def test_missing_real_data_says_where_and_how(write_params, tmp_path) -> None:
 
 def test_run_spec_merges_options_over_the_method_defaults() -> None:
     params = default_params()
-    spec = params_mod.run_spec(params, "fc-pg_spider-bcmr")
+    spec = params_mod.run_spec(params, "fc_lstm-pg_spider-bcmr")
     assert spec == params_mod.RunSpec(
-        name="fc-pg_spider-bcmr", method="pg_spider", model="fc",
-        options={**params["objectives"]["pg_spider"], **params["runs"]["fc-pg_spider-bcmr"]["options"]},
-        init={"model": "fc-xe"},
-        datasets=["synthetic"], decode=params["decode"], source="fc-pg_spider-bcmr")
+        name="fc_lstm-pg_spider-bcmr", method="pg_spider", model="fc_lstm",
+        options={**params["objectives"]["pg_spider"], **params["runs"]["fc_lstm-pg_spider-bcmr"]["options"]},
+        init={"model": "fc_lstm-xe"},
+        datasets=["synthetic"], decode=params["decode"], source="fc_lstm-pg_spider-bcmr")
     xe = params_mod.run_spec(params, "fc-xe").options
     assert xe == {**params["objectives"]["xe"], **params["runs"]["fc-xe"]["options"]} and xe["epochs"] == 36
+    # paper 002's runs read its reward text from their objectives (objectives.sll, sll_sle), not a run option
+    assert {params_mod.run_spec(params, run).options["reward"] for run in params["runs"]
+            if params["runs"][run]["method"] in ("sll", "sll_sle")} == {"cider_d_noeos"}
     with pytest.raises(CaprlError, match="unknown run 'nope'"):
         params_mod.run_spec(params, "nope")
 

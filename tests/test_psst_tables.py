@@ -16,7 +16,7 @@ from caprl.errors import CaprlError
 from caprl.figures import discriminative as figs
 from caprl.tables import psst_numbers as paper
 from caprl.tables.build import TABLES, load_scores
-from caprl.tables.operating import family_points, family_runs, interpolate, overlap_value
+from caprl.tables.operating import family_points, family_runs, interpolate, overlap_value, rho_curves
 from caprl.tables.psst import psst_points, psst_table1, psst_table2, psst_table3, psst_table6
 from caprl.tables.render import Cell, Table
 from conftest import REPO, default_params
@@ -367,7 +367,7 @@ def test_fig4_takes_rho_zero_from_the_st_method() -> None:
     params = family_params()
     scores = family_scores(params, "coco")
     points = [p for p in family_points(params, "coco", scores) if p.complete]
-    curves, borrowed = figs.rho_curves(points, "psst_multinomial", "fc")
+    curves, borrowed = rho_curves(points, "psst_multinomial", "fc")
     assert borrowed and list(curves) == [0.0, 0.25, 0.5]
     st_multinomial = [(1.30, 0.84), (1.25, 0.92), (1.10, 1.00)]  # its (CIDEr-D, R@10) in λ order
     assert curves[0.0] == [pytest.approx(xy) for xy in st_multinomial]

@@ -9,6 +9,8 @@ epoch E, batch B", not a guess in seconds. Three batches per epoch, a checkpoint
 steps: XE saves at steps 2, 3 (epoch end), 4, 6 (last batch), 6 (epoch end), 8, 9. The RL runs
 start from XE weights (an init): they first validate them (epoch 0) and save at step 0.
 The XE run decays its rate (x0.5 every epoch): a resumed run must set the same rates.
+Not marked ``numerics``: the resumed and the uninterrupted run replay the same operations on the
+same shapes in one process's kernels, so they are bit-identical whatever kernels the CPU picks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Per-image context on a CPU (caprl.models.base.Shared): an image's regions stored once and read
 by its rows through a row map, the attended feature one product per image. Every decode and loss
 must equal the per-row copies a GPU decodes with (SHARE_ON_CPU off): the same captions, losses and
-gradients to 1e-6, through live-row shrinking, XE's length sort and beam search."""
+gradients up to summation order (one product per image against one per row: compared in float64,
+tests/numerics.py), through live-row shrinking, XE's length sort and beam search."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from caprl.models import base
 from caprl.models import timeshared as ts
 from caprl.models.attention import attend
 from caprl.models.base import Shared, map_batch, map_tensors
+from numerics import assert_float64_close, to_float64
 from toy import ending_model
 
 ATTENTION = ["softatt", "topdown", "stackcap", "stackcap_star"]
@@ -26,7 +28,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def assert_same_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys() and a
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=name)
+        assert_float64_close(a[name], b[name], msg=name)
 
 
 def test_layout_places_every_row_of_an_image_in_its_own_slot() -> None:
@@ -52,6 +54,7 @@ def test_row_operations_move_the_row_map_and_copies_take_the_data() -> None:
     assert decoding._first(expanded).shape[0] == 6  # a decode counts rows, not images
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("rows", [[0, 0, 1, 1], [1, 0, 1, 1, 0]])
 def test_attend_equals_a_product_per_row(rows: list[int]) -> None:
     gen = torch.Generator().manual_seed(0)
@@ -59,7 +62,7 @@ def test_attend_equals_a_product_per_row(rows: list[int]) -> None:
     alpha = torch.softmax(torch.randn(len(rows), 5, generator=gen, dtype=torch.float64), -1).requires_grad_()
     index = torch.tensor(rows)
     per_row = torch.bmm(alpha.unsqueeze(1), data.index_select(0, index)).squeeze(1)
-    torch.testing.assert_close(attend(alpha, Shared(data, index)), per_row)
+    assert_float64_close(attend(alpha, Shared(data, index)), per_row)
     assert torch.autograd.gradcheck(lambda a, d: attend(a, Shared(d, index)), (alpha, data))
 
 
@@ -71,12 +74,12 @@ def taped(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     return request.param
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", ATTENTION)
 def test_a_training_decode_equals_per_row_copies(arch: str, taped: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """SCST's decode: 3 samples per image with gradients, ended rows dropped as they end (the rows
     then read their images out of order), a greedy decode beside it."""
-    model = ending_model(arch).train()
-    pooled, regions = torch.randn(20, 8), torch.randn(20, 4, 8)
+    model, pooled, regions = to_float64(ending_model(arch).train(), torch.randn(20, 8), torch.randn(20, 4, 8))
     runs = []
     for share in (True, False):
         monkeypatch.setattr(base, "SHARE_ON_CPU", share)
@@ -95,11 +98,12 @@ def test_a_training_decode_equals_per_row_copies(arch: str, taped: str, monkeypa
     (a, ga, loss_a, grads_a), (b, gb, loss_b, grads_b) = runs
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(ga.tokens, gb.tokens)
     assert 0 < float(a.mask.sum(-1).min()) < float(a.mask.sum(-1).max()) < 10  # rows ended: shrinks happened
-    torch.testing.assert_close(a.attention, b.attention, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(loss_a, loss_b, atol=1e-6, rtol=1e-6)
+    assert_float64_close(a.attention, b.attention)
+    assert_float64_close(loss_a, loss_b)
     assert_same_grads(grads_a, grads_b)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("images", [[0, 0, 1, 2, 2, 2, 3, 3], [0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3]],
                          ids=["sparse", "dense"])  # dense: most of the grid's slots are rows (computed whole)
 @pytest.mark.parametrize("arch", ATTENTION)
@@ -109,7 +113,7 @@ def test_xe_over_unequal_captions_per_image_equals_per_row_copies(arch: str, ima
     captions end: the log-probabilities and gradients of per-row copies."""
     model = ending_model(arch).train()
     gen = torch.Generator().manual_seed(3)
-    pooled, regions = torch.randn(4, 8, generator=gen), torch.randn(4, 4, 8, generator=gen)
+    model, pooled, regions = to_float64(model, torch.randn(4, 8, generator=gen), torch.randn(4, 4, 8, generator=gen))
     label_image = torch.tensor(images)
     labels = torch.randint(1, 12, (len(images), 7), generator=gen)
     for row, length in enumerate([7, 3, 5, 1, 7, 2, 4, 6, 3, 5, 2][: len(images)]):
@@ -125,21 +129,21 @@ def test_xe_over_unequal_captions_per_image_equals_per_row_copies(arch: str, ima
         (-logprobs.sum()).backward()
         ts.check(model)
         runs.append((logprobs.detach(), grads(model)))
-    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-6, rtol=1e-6)
+    assert_float64_close(runs[0][0], runs[1][0])
     assert_same_grads(runs[0][1], runs[1][1])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", ATTENTION)
 def test_beam_search_equals_per_row_copies(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = ending_model(arch).eval()
-    pooled, regions = torch.randn(6, 8), torch.randn(6, 4, 8)
+    model, pooled, regions = to_float64(ending_model(arch).eval(), torch.randn(6, 8), torch.randn(6, 4, 8))
     runs = []
     for share in (True, False):
         monkeypatch.setattr(base, "SHARE_ON_CPU", share)
         with torch.no_grad():
             runs.append(decoding.beam_search(model, model.encode(pooled, regions), 3, 10))
     assert torch.equal(runs[0][0], runs[1][0])
-    torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-6, rtol=1e-6)
+    assert_float64_close(runs[0][1], runs[1][1])
 
 
 def test_a_gpu_context_is_per_row_copies() -> None:
@@ -149,6 +153,7 @@ def test_a_gpu_context_is_per_row_copies() -> None:
     assert isinstance(base.shared(torch.zeros(2, 3)), Shared)
 
 
+@pytest.mark.numerics
 def test_pg_spider_rollouts_equal_per_row_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Monte-Carlo roll-outs continue every prefix k times: the row map is repeated with them."""
     model = ending_model("topdown").eval()

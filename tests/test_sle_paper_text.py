@@ -20,7 +20,7 @@ def test_table3_says_its_printed_sll_rows_are_swapped_and_shows_both() -> None:
                                   "SLL-ME, as printed (SLL by the text) [paper]"]
     assert [c.paper for c in cells["SLL, as printed (SLL-ME by the text) [paper]"]] == [17.8, 45.9, 15.9]
     assert [c.paper for c in cells["SLL-ME, as printed (SLL by the text) [paper]"]] == [18.2, 48.1, 16.0]
-    assert [c.paper for c in cells["fc (SLL) [fc-scst]"]] == [18.2, 48.1, 16.0]
+    assert [c.paper for c in cells["fc_lstm_state (SLL) [fc_lstm_state-sll]"]] == [18.2, 48.1, 16.0]
     note = next(n for n in table.notes if "swapped" in n)
     assert "prints SLL 17.8 / 45.9 / 15.9 and SLL-ME 18.2 / 48.1 / 16.0" in note
     assert '"SLL-ME performs worse than SLL on all metrics" (sec. 5.3)' in note and "0.6 / 2.7 / 0.6" in note
@@ -49,5 +49,5 @@ def test_table2_notes_the_texts_cider_gain_that_the_table_does_not_give() -> Non
     assert paper.gain_mismatches(paper.TABLE2[False], 2) == [("sll_sle", "sll_me", "C", 1.8, 1.6, "sec. 5.2")]
     assert ("The paper's text (sec. 5.2) gives SLL-SLE over SLL-ME CIDEr +1.8; its Table 2 gives "
             "117.2 - 115.6 = +1.6 (the table's numbers are shown).") in table.notes
-    assert [c.paper for c in rows(table)["fc (SLL-SLE) [fc-sll_sle]"]] == [27.0, 117.2, 20.3]
+    assert [c.paper for c in rows(table)["fc_lstm_state (SLL-SLE) [fc_lstm_state-sll_sle]"]] == [27.0, 117.2, 20.3]
     assert not any("+1.8" in n for n in sle_table2(params, "synthetic", all_scores(params, "synthetic")).notes)

@@ -6,6 +6,8 @@ the CLI as a subprocess. In every fault the destination is left without a partia
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 import os
 import re
 import shutil
@@ -25,8 +27,8 @@ import pytest
 from caprl.errors import CaprlError
 from caprl.metrics import official
 from caprl.metrics.official import CORENLP_ENV, CORENLP_JARS
-from caprl.metrics.spice_setup import (ARTIFACT_PATH, MAVEN_CENTRAL, REPO_ENV, Network, install, install_dir,
-                                       jar_urls)
+from caprl.metrics.spice_setup import (ARTIFACT_PATH, MAVEN_CENTRAL, PINNED, REPO_ENV, Network, install,
+                                       install_dir, jar_urls, pins_of)
 
 FAST = Network(retries=2, backoff=0.001, timeout=10.0)
 JAR, MODELS = CORENLP_JARS
@@ -279,15 +281,27 @@ def test_install_dir_follows_the_folders_spice_looks_in(tmp_path: Path, monkeypa
     assert install_dir(tmp_path / "cli", str(tmp_path / "params")) == tmp_path / "cli"
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+# `caprl setup-spice` in a child process whose pinned table holds the test server's jars (argv[1], JSON)
+PINNED_CLI = ("import json, sys; from caprl.metrics import spice_setup; spice_setup.PINNED.clear(); "
+              "spice_setup.PINNED.update(json.loads(sys.argv.pop(1))); from caprl.cli import entry; sys.exit(entry())")
+
+
+def pinned_to(repo: Repo) -> dict[str, dict[str, str]]:
+    """The served jars' SHA-256s, as :data:`PINNED` holds Maven Central's."""
+    return {name: {"sha256": hashlib.sha256(served(repo, name)).hexdigest()} for name in CORENLP_JARS}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            pinned: dict[str, dict[str, str]] | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    return subprocess.run([sys.executable, "-m", "caprl", "setup-spice", *args], capture_output=True, text=True,
-                          env={**environ, **(env or {})}, timeout=120)
+    return subprocess.run([sys.executable, "-c", PINNED_CLI, json.dumps(pinned or {}), "setup-spice", *args],
+                          capture_output=True, text=True, env={**environ, **(env or {})}, timeout=120)
 
 
 def test_cli_installs_and_reports_faults(tmp_path: Path, maven: Repo) -> None:
     dest, cache = tmp_path / "dest", tmp_path / "cache"
-    out = run_cli("--repo", maven.url, "--dest", str(dest), "--download-dir", str(cache), "--backoff", "0")
+    out = run_cli("--repo", maven.url, "--dest", str(dest), "--download-dir", str(cache), "--backoff", "0",
+                  pinned=pinned_to(maven))
     assert out.returncode == 0, out.stderr
     assert all((dest / name).read_bytes() == served(maven, name) for name in CORENLP_JARS)
     (maven.root / "maven2" / ARTIFACT_PATH / JAR).unlink()
@@ -303,6 +317,51 @@ def test_cli_goes_through_the_proxy_that_http_proxy_names(tmp_path: Path, maven:
     dest, host = tmp_path / "dest", maven.url.split("/")[2]
     out = run_cli("--repo", "http://maven.caprl.invalid/maven2", "--dest", str(dest), "--download-dir",
                   str(tmp_path / "cache"), "--retries", "0", env={"HTTP_PROXY": f"http://{host}", "NO_PROXY": "",
-                                                                  "no_proxy": ""})
+                                                                  "no_proxy": ""}, pinned=pinned_to(maven))
     assert out.returncode == 0, out.stderr
     assert all((dest / name).read_bytes() == served(maven, name) for name in CORENLP_JARS)
+
+
+# ---------------------------------------------------------------- digests pinned in the code
+
+
+def test_a_jar_whose_pinned_digest_differs_is_refused_and_nothing_is_installed(tmp_path: Path, maven: Repo) -> None:
+    """A mirror serving another models jar with a matching .sha1 beside it: the published checksum passes,
+    the pinned SHA-256 does not; the download is deleted and the destination stays empty."""
+    dest, cache = tmp_path / "dest", tmp_path / "cache"
+    pinned = pinned_to(maven)
+    genuine = pinned[MODELS]["sha256"]
+    forged = fake_jar(tmp_path / "forged.jar", 91)
+    publish(maven.root / "maven2" / ARTIFACT_PATH, MODELS, forged)  # its own .sha1 and .md5: they match
+    with pytest.raises(CaprlError) as exc:
+        install(dest, maven.url, cache, FAST, pinned=pinned)
+    message = str(exc.value)
+    assert (f"{cache / MODELS}: sha256 mismatch against the digest caprl pins for {MODELS}: pinned {genuine}, "
+            f"the downloaded file hashes to {hashlib.sha256(forged).hexdigest()}") in message
+    assert "another file than Maven Central's edu.stanford.nlp:stanford-corenlp:3.6.0" in message
+    assert "nothing installed" in message
+    assert listing(dest) == []
+    assert listing(cache) == [JAR]  # the plain jar, verified both ways, waits; no models jar, no .part
+
+
+def test_pinned_digests_accept_the_genuine_jars_and_are_checked_on_an_installed_one(tmp_path: Path,
+                                                                                    maven: Repo) -> None:
+    dest, cache = tmp_path / "dest", tmp_path / "cache"
+    assert install(dest, maven.url, cache, FAST, pinned=pinned_to(maven)) == [dest / JAR, dest / MODELS]
+    before = len(maven.log)
+    install(dest, maven.url, cache, FAST, pinned=pinned_to(maven))  # both match, both pins: nothing downloaded
+    assert not any(r["method"] == "GET" and r["path"].endswith(".jar") for r in maven.log[before:])
+    wrong = {**pinned_to(maven), JAR: {"sha1": "0" * 40}}  # the installed jar matches its .sha1, not the pin
+    with pytest.raises(CaprlError, match=f"sha1 mismatch against the digest caprl pins for {JAR}"):
+        install(dest, maven.url, cache, FAST, pinned=wrong)
+    assert any(r["method"] == "GET" and r["path"] == maven.path(JAR) for r in maven.log[before:])
+    assert (dest / JAR).read_bytes() == served(maven, JAR)  # what was installed stays: nothing replaced it
+
+
+def test_the_real_install_checks_the_table_in_the_code_and_its_entries_are_digests() -> None:
+    assert inspect.signature(install).parameters["pinned"].default is PINNED
+    assert set(PINNED) <= set(CORENLP_JARS)
+    for name in PINNED:
+        assert pins_of(name, PINNED)  # well formed: an algorithm Maven publishes, its number of hex digits
+    with pytest.raises(CaprlError, match="not a sha512/sha256/sha1/md5 hex digest"):
+        pins_of(JAR, {JAR: {"sha256": "abc"}})

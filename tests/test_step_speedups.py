@@ -1,7 +1,7 @@
 """The training step's shortcuts change no number: each is checked against the plain computation.
 
 * XE encodes each image once and expands its context per gold caption: the loss equals the
-  one of encoding every caption's image separately (to 1e-6).
+  one of encoding every caption's image separately.
 * Teacher forcing skips the padding and runs the output layer once (``token_logprobs``):
   equal to gathering the step-by-step ``teacher_forcing``.
 * Time-shared layers (``caprl.models.timeshared``) compute each weight's gradient once per
@@ -10,6 +10,9 @@
   error, not a silent zero gradient.
 * SCST with fixed noise samples the same captions whatever the path (gradients on, off, or
   plain autograd).
+
+The paths differ in their matmul shapes and summation orders: the numbers are compared in float64
+(tests/numerics.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from caprl.data.batch import Batch
 from caprl.errors import CaprlError
 from caprl.models import MODELS, build_model, timeshared
 from caprl.objectives import ObjectiveEnv, build_objective
+from numerics import assert_float64_close, to_float64
 from toy import CONSTANT_LR
 from caprl.objectives.xe import gold_targets, token_mask
 
@@ -68,9 +72,10 @@ def env() -> ObjectiveEnv:
                         reward=lambda name: None, max_length=8)  # type: ignore[arg-type,return-value]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", ARCHS)
 def test_xe_loss_equals_encoding_every_caption_separately(arch: str) -> None:
-    model, batch = make_model(arch).eval(), make_batch()
+    model, batch = to_float64(make_model(arch).eval(), make_batch())
     xe = build_objective("xe", {"lr": 1e-3, "epochs": 1, **CONSTANT_LR}, env(), model)
     loss, _ = xe.loss(model, batch)
     # the plain computation: each caption's image encoded on its own, every step's full distribution
@@ -79,19 +84,20 @@ def test_xe_loss_equals_encoding_every_caption_separately(arch: str) -> None:
     targets, mask = gold_targets(batch.labels), token_mask(batch.labels)
     picked = logprobs.gather(-1, targets[:, None, :, None].expand(-1, logprobs.shape[1], -1, 1)).squeeze(-1)
     reference = sum(-(picked[:, s] * mask).sum() / mask.sum() for s in range(picked.shape[1]))
-    assert loss.item() == pytest.approx(reference.item(), abs=1e-6)
+    assert_float64_close(loss, reference)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", ARCHS)
 def test_token_logprobs_are_the_gathered_teacher_forcing(arch: str) -> None:
-    model, batch = make_model(arch).eval(), make_batch()
+    model, batch = to_float64(make_model(arch).eval(), make_batch())
     ctx = model.encode(batch.pooled[batch.label_image], batch.regions[batch.label_image])
     full = model.teacher_forcing(ctx, batch.labels)
     picked = full.gather(-1, gold_targets(batch.labels)[:, None, :, None].expand(-1, full.shape[1], -1, 1))
     mask = token_mask(batch.labels)[:, None, :]
     fast = model.token_logprobs(ctx, batch.labels)
     assert fast.shape == picked.shape[:-1]
-    torch.testing.assert_close(fast, picked.squeeze(-1) * mask, rtol=0, atol=1e-6)
+    assert_float64_close(fast, picked.squeeze(-1) * mask)
     assert bool((fast[mask.expand_as(fast) == 0] == 0).all())
 
 
@@ -105,10 +111,11 @@ def _grads(model: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> tuple[float
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind", ["xe", "sample"])
 def test_taped_gradients_equal_plain_autograd(arch: str, kind: str) -> None:
-    model, batch = make_model(arch).train(), make_batch()
+    model, batch = to_float64(make_model(arch).train(), make_batch())
 
     def loss() -> torch.Tensor:
         if kind == "xe":
@@ -121,10 +128,10 @@ def test_taped_gradients_equal_plain_autograd(arch: str, kind: str) -> None:
     taped_loss, taped = _grads(model, loss)
     with timeshared.disabled():
         plain_loss, plain = _grads(model, loss)
-    assert taped_loss == pytest.approx(plain_loss, rel=1e-6)
+    assert_float64_close(taped_loss, plain_loss)
     assert taped.keys() == plain.keys() == {n for n, _ in model.named_parameters()}
     for name in plain:
-        torch.testing.assert_close(taped[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
+        assert_float64_close(taped[name], plain[name], msg=name)
 
 
 @pytest.mark.parametrize("rows", [None, [0, 0, 1, 1], [1, 0, 1]], ids=["per-row", "images-in-order", "any-rows"])
@@ -144,11 +151,11 @@ def test_memory_lean_attention_scores_have_exact_gradients(rows: list[int] | Non
     assert torch.autograd.gradcheck(_AdditiveScores.apply, args)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("grad", [True, False])
 def test_lstm_step_equals_torch_lstm_cell(grad: bool) -> None:
     torch.manual_seed(0)
-    cell = nn.LSTMCell(12, 8)
-    x, h, c = torch.randn(5, 12), torch.randn(5, 8), torch.randn(5, 8)
+    cell, x, h, c = to_float64(nn.LSTMCell(12, 8), torch.randn(5, 12), torch.randn(5, 8), torch.randn(5, 8))
     reference = cell(x, (h, c))
     with torch.set_grad_enabled(grad):
         plain = timeshared.lstm_cell(cell, x, (h, c))
@@ -159,13 +166,14 @@ def test_lstm_step_equals_torch_lstm_cell(grad: bool) -> None:
                                      columns=(slice(0, 4), slice(8, None)))
     for got in (plain, split):
         for a, b in zip(got, reference):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+            assert_float64_close(a, b)
 
 
+@pytest.mark.numerics
 def test_joined_weight_follows_optimiser_updates() -> None:
     torch.manual_seed(0)
-    cell = nn.LSTMCell(6, 4)
-    x, state = torch.randn(3, 6), (torch.zeros(3, 4), torch.zeros(3, 4))
+    cell, x = to_float64(nn.LSTMCell(6, 4), torch.randn(3, 6))
+    state = (torch.zeros(3, 4, dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64))
     with torch.no_grad():
         before = timeshared.lstm_cell(cell, x, state)[0]
     optimiser = torch.optim.Adam(cell.parameters(), lr=0.1, fused=True)
@@ -173,7 +181,7 @@ def test_joined_weight_follows_optimiser_updates() -> None:
     optimiser.step()
     with torch.no_grad():
         after = timeshared.lstm_cell(cell, x, state)[0]
-        torch.testing.assert_close(after, cell(x, state)[0], rtol=0, atol=1e-6)
+        assert_float64_close(after, cell(x, state)[0])
     assert not torch.allclose(before, after)
 
 
@@ -202,6 +210,7 @@ def test_a_use_that_never_reaches_the_loss_is_an_error() -> None:
     timeshared.check(model)  # reset forgets the dropped graph
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("arch", ["fc", "topdown", "stackcap"])
 def test_fixed_noise_samples_the_same_captions_on_every_path(arch: str) -> None:
     model, batch = make_model(arch).train(), make_batch()

@@ -148,27 +148,27 @@ def test_pg_spider_rows_per_model_and_reward(results: Path, tmp_path: Path, no_s
     table = pg_spider_table(params, "synthetic", scores_in(results, params))
     assert table.columns == ["B@4", "M", "R", "C", "S", "SPIDEr"]
     labels = [label for label, _ in table.rows]
-    assert labels[:5] == ["fc (XE) [fc-xe]", "fc (SCST) [fc-scst]", "fc (MIXER) [fc-mix]",
-                          "fc (PG-SPIDEr, cider_d) [fc-pg-cider]", "fc (PG-SPIDEr, bcmr) [fc-pg-bcmr]"]
+    assert labels[:5] == ["fc (MLE) [fc-xe]", "fc (SCST) [fc-scst]", "fc (MIXER) [fc-mix]",
+                          "fc (PG-CIDEr) [fc-pg-cider]", "fc (PG-BCMR) [fc-pg-bcmr]"]
     labels.remove("fc (MIXER) [fc-mix]")
-    assert labels[4] == "fc (PG-SPIDEr, spider) [fc-pg-spider]"
+    assert labels[4] == "fc (PG-SPIDEr) [fc-pg-spider]"
     assert f"fc-pg-spider: unavailable, not trained here: SPICE jars not found in …/{tmp_path.name}/corenlp." \
         in table.notes
-    assert labels[5:] == ["td (XE) [td-xe]", "td (SCST): no run", "td (MIXER): no run",
-                          "td (PG-SPIDEr, cider_d) [td-pg-cider]"]
+    assert labels[5:] == ["td (MLE) [td-xe]", "td (SCST): no run", "td (MIXER): no run",
+                          "td (PG-CIDEr) [td-pg-cider]"]
     cells = rows(table)
-    pg = cells["fc (PG-SPIDEr, cider_d) [fc-pg-cider]"]
+    pg = cells["fc (PG-CIDEr) [fc-pg-cider]"]
     assert [c.ours for c in pg] == pytest.approx([20.0, 25.0, 45.0, 110.0, 20.0, 65.0])  # SPIDEr = (110 + 20) / 2
-    xe = cells["fc (XE) [fc-xe]"]  # SPICE unavailable: SPIDEr says why, never a number
+    xe = cells["fc (MLE) [fc-xe]"]  # SPICE unavailable: SPIDEr says why, never a number
     assert xe[4].ours is None and xe[5].ours is None
     assert xe[5].text() == "unavailable"
-    assert all(c.ours is None and c.text() == "—" for c in cells["fc (PG-SPIDEr, bcmr) [fc-pg-bcmr]"])  # missing
+    assert all(c.ours is None and c.text() == "—" for c in cells["fc (PG-BCMR) [fc-pg-bcmr]"])  # missing
     assert all(c.text() == "unavailable" for c in cells[labels[4]])
     assert all(c.text() == "—" for c in cells["td (SCST): no run"])
     md = table.markdown()
     assert str(tmp_path) not in md and "SPICE: not computed (java not found on PATH)." in md
     assert "SPIDEr = (CIDEr-D + SPICE) / 2" in md
-    csv_row = next(line for line in table.csv().splitlines() if line.startswith("fc (XE)"))
+    csv_row = next(line for line in table.csv().splitlines() if line.startswith("fc (MLE)"))
     assert csv_row.endswith("unavailable,,")
 
 
@@ -184,9 +184,9 @@ def test_pg_spider_table_has_a_mixer_row_chosen_by_method(results: Path, no_spic
     table = pg_spider_table(params, "synthetic", scores_in(results, params))
     labels = [label for label, _ in table.rows]
     assert labels.index("fc (MIXER) [baseline-of-liu]") == labels.index("fc (SCST) [fc-scst]") + 1
-    assert labels[labels.index("td (XE) [td-xe]"):] == [
-        "td (XE) [td-xe]", "td (SCST): no run", "td (MIXER): no run", "td (PG-SPIDEr, cider_d) [td-pg-cider]",
-        "sc (XE) [sc-xe-lr1]", "sc (XE) [sc-xe-lr2]", "sc (SCST): no run", "sc (MIXER) [sc-mix]"]
+    assert labels[labels.index("td (MLE) [td-xe]"):] == [
+        "td (MLE) [td-xe]", "td (SCST): no run", "td (MIXER): no run", "td (PG-CIDEr) [td-pg-cider]",
+        "sc (MLE) [sc-xe-lr1]", "sc (MLE) [sc-xe-lr2]", "sc (SCST): no run", "sc (MIXER) [sc-mix]"]
     cells = rows(table)
     assert cells["fc (MIXER) [baseline-of-liu]"][3].ours == pytest.approx(105.0)
     assert all(c.paper is None for _, cs in table.rows for c in cs)
@@ -195,19 +195,22 @@ def test_pg_spider_table_has_a_mixer_row_chosen_by_method(results: Path, no_spic
     assert any("MIXER = Ranzato et al. 2016" in n and "no MIXER numbers" in n for n in table.notes)
 
 
-def test_the_repository_params_put_fc_mixer_in_the_pg_spider_table() -> None:
+def test_the_repository_params_put_fc_lstm_mixer_in_the_pg_spider_table() -> None:
     params = default_params()
-    mixer = params["runs"]["fc-mixer"]
-    assert (mixer["method"], mixer["model"], mixer["init"]) == ("mixer", "fc", {"model": "fc-xe"})
+    mixer = params["runs"]["fc_lstm-mixer"]
+    assert (mixer["method"], mixer["model"], mixer["init"]) == ("mixer", "fc_lstm", {"model": "fc_lstm-xe"})
     table = pg_spider_table(params, "synthetic", {})
-    assert "fc (MIXER) [fc-mixer]" in [label for label, _ in table.rows]
+    labels = [label for label, _ in table.rows]
+    assert "fc_lstm (MIXER) [fc_lstm-mixer]" in labels  # paper 001's model only: fc's runs are other papers'
+    assert labels[:2] == ["fc_lstm (MLE) [fc_lstm-xe]", "fc_lstm (SCST) [fc_lstm-scst]"]
+    assert not any(label.startswith("fc ") for label in labels)
 
 
 def test_pg_spider_run_with_scores_is_shown_whatever_this_machine_lacks(results: Path, no_spice: str) -> None:
     params = table_params()
     write_scores(results, "fc-pg-spider", {**METRICS, "SPICE": 0.1}, unavailable={})
     cells = rows(pg_spider_table(params, "synthetic", scores_in(results, params)))
-    assert cells["fc (PG-SPIDEr, spider) [fc-pg-spider]"][5].ours == pytest.approx(60.0)
+    assert cells["fc (PG-SPIDEr) [fc-pg-spider]"][5].ours == pytest.approx(60.0)
 
 
 def test_pg_spider_table_without_runs_says_so(results: Path) -> None:
@@ -224,8 +227,17 @@ def test_spider_needs_spice_computed_or_evaluated(results: Path) -> None:
     assert cells["fc (SCST) [fc-scst]"][5].text() == "not evaluated"
 
 
-def test_stackcap_tables_use_arch_method_and_dataset(results: Path) -> None:
-    params = table_params()
+def paper_000_models(params: dict[str, Any]) -> dict[str, Any]:
+    """table_params with its models under paper 000's names (the Stack-Cap tables read models by name)."""
+    names = {"fc": "fc_lstm", "sc": "stackcap"}
+    params["models"] = {names.get(m, m): spec for m, spec in params["models"].items()}
+    for spec in params["runs"].values():
+        spec["model"] = names.get(spec["model"], spec["model"])
+    return params
+
+
+def test_stackcap_tables_use_model_method_and_dataset(results: Path) -> None:
+    params = paper_000_models(table_params())
     tables = build_tables(params, "synthetic", scores_in(results, params))
     t1 = rows(tables["stackcap_table1"])
     assert t1["Stack-Cap (XE) [sc-xe-lr1]"][5].ours == pytest.approx(110.0)
@@ -237,7 +249,7 @@ def test_stackcap_tables_use_arch_method_and_dataset(results: Path) -> None:
 
 
 def test_coco_tables_carry_the_paper_numbers(tmp_path: Path) -> None:
-    params = table_params()
+    params = paper_000_models(table_params())
     coco = tmp_path / "results" / "coco"
     write_scores(coco, "sc-c2f-coco", dataset="coco")
     t2 = rows(build_tables(params, "coco", scores_in(coco, params, "coco"))["stackcap_table2"])
@@ -278,19 +290,19 @@ def test_main_writes_every_table_of_the_dataset(tmp_path: Path) -> None:
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     results, out = tmp_path / "results" / "synthetic", tmp_path / "results" / "tables"
-    for run in ("fc-xe", "fc-scst", "fc-pg_spider-cider_d", "most-frequent"):
+    for run in ("fc-xe", "fc-scst", "fc_lstm-pg_spider-cider_d", "most-frequent"):
         write_scores(results, run)
     assert cli.main(["tables", "--params", str(params_file), "--dataset", "synthetic",
                      "--results-dir", str(results), "--out-dir", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(f"synthetic_{t}.{e}" for t in params["tables"]
                                                           for e in ("md", "csv", "tex"))
     main_md = (out / "synthetic_main.md").read_text()
-    assert "fc (SCST) [fc-scst]" in main_md and "fc (PG-SPIDEr) [fc-pg_spider-bcmr] | — |" in main_md
+    assert "fc (SCST) [fc-scst]" in main_md and "fc_lstm (PG-SPIDEr) [fc_lstm-pg_spider-bcmr] | — |" in main_md
     pg_md = (out / "synthetic_pg_spider.md").read_text()
-    spider_row = "fc (PG-SPIDEr, spider) [fc-pg_spider-spider]"
+    spider_row = "fc_lstm (PG-SPIDEr) [fc_lstm-pg_spider-spider]"
     if reward_unavailable_reason("spider", params):  # no CoreNLP jars on this machine (the usual case)
         assert f"| {spider_row} | unavailable |" in pg_md
-        assert "fc-pg_spider-spider: unavailable, not trained here: reward 'spider'" in pg_md
+        assert "fc_lstm-pg_spider-spider: unavailable, not trained here: reward 'spider'" in pg_md
     else:
         assert f"| {spider_row} | — |" in pg_md
     assert str(tmp_path) not in pg_md + main_md

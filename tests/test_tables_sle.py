@@ -52,9 +52,9 @@ def score(params: dict[str, Any], run: str, dataset: str, metrics: dict[str, flo
 
 
 def all_scores(params: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """A score file (with a diversity section) for every XE, SCST (the SLL rows) and SLL-family run of fc
-    and topdown."""
-    runs = [r for r, e in params["runs"].items() if e["model"] in ("fc", "topdown")
+    """A score file (with a diversity section) for every XE, SCST and SLL-family run of fc_lstm_state (paper
+    002's model without attention) and topdown; the SCST runs are never an SLL row."""
+    runs = [r for r, e in params["runs"].items() if e["model"] in ("fc_lstm_state", "topdown")
             and e["method"] in ("xe", "scst", "sll", "sll_sle")]
     return {run: score(params, run, dataset) for run in runs}
 
@@ -102,7 +102,7 @@ def test_attention_from_the_architecture() -> None:
                                                                          "stackcap"]
     params["models"] = {"td": params["models"]["topdown"], **params["models"]}  # attention model listed first
     params["runs"]["td-sll"] = {"method": "sll", "model": "td"}
-    assert sle_models(params, "synthetic") == ["fc", "td", "topdown"]  # without attention first
+    assert sle_models(params, "synthetic") == ["fc_lstm_state", "td", "topdown"]  # without attention first
 
 
 def test_rows_are_found_by_method_and_entropy_not_by_name() -> None:
@@ -110,33 +110,40 @@ def test_rows_are_found_by_method_and_entropy_not_by_name() -> None:
     new = {run: f"run{i}" for i, run in enumerate(params["runs"])}
     params = renamed(params, new)
     scores = {new[r]: {**s, "run": new[r]} for r, s in all_scores(sle_params(), "synthetic").items()}
-    scores[new["fc-sll_me"]]["metrics"] = {"METEOR": 0.2}
+    scores[new["fc_lstm_state-sll_me"]]["metrics"] = {"METEOR": 0.2}
     table = sle_table2(params, "synthetic", scores)
-    assert labels(table) == [f"fc (SLL) [{new['fc-scst']}]", f"fc (SLL-ME) [{new['fc-sll_me']}]",
-                             f"fc (SLL-SLE) [{new['fc-sll_sle']}]", f"topdown (SLL*) [{new['topdown-scst']}]",
+    assert labels(table) == [f"fc_lstm_state (SLL) [{new['fc_lstm_state-sll']}]",
+                             f"fc_lstm_state (SLL-ME) [{new['fc_lstm_state-sll_me']}]",
+                             f"fc_lstm_state (SLL-SLE) [{new['fc_lstm_state-sll_sle']}]",
+                             f"topdown (SLL*) [{new['topdown-sll']}]",
                              f"topdown (SLL-ME*) [{new['topdown-sll_me']}]",
                              f"topdown (SLL-SLE*) [{new['topdown-sll_sle']}]"]
-    assert rows(table)[f"fc (SLL-ME) [{new['fc-sll_me']}]"][0].ours == pytest.approx(20.0)
+    assert rows(table)[f"fc_lstm_state (SLL-ME) [{new['fc_lstm_state-sll_me']}]"][0].ours == pytest.approx(20.0)
     # an sll run with entropy set to 0 is SLL; a second SLL-ME run is a second, named row
-    params["runs"]["x"] = {"method": "sll", "model": "fc", "options": {"entropy": 0.0}}
-    params["runs"]["y"] = {"method": "sll", "model": "fc", "options": {"entropy": 0.1}}
+    params["runs"]["x"] = {"method": "sll", "model": "fc_lstm_state", "options": {"entropy": 0.0}}
+    params["runs"]["y"] = {"method": "sll", "model": "fc_lstm_state", "options": {"entropy": 0.1}}
+    params["runs"]["z"] = {"method": "scst", "model": "fc_lstm_state"}
     got = labels(sle_table2(params, "synthetic", scores))
-    # (a model's scst run is its SLL row only where it has no sll run of entropy 0)
-    assert got[:4] == ["fc (SLL) [x]", f"fc (SLL-ME) [{new['fc-sll_me']}]", "fc (SLL-ME) [y]",
-                       f"fc (SLL-SLE) [{new['fc-sll_sle']}]"]
-    assert f"topdown (SLL*) [{new['topdown-scst']}]" in got
+    assert got[:5] == [f"fc_lstm_state (SLL) [{new['fc_lstm_state-sll']}]", "fc_lstm_state (SLL) [x]",
+                       f"fc_lstm_state (SLL-ME) [{new['fc_lstm_state-sll_me']}]", "fc_lstm_state (SLL-ME) [y]",
+                       f"fc_lstm_state (SLL-SLE) [{new['fc_lstm_state-sll_sle']}]"]
+    # an scst run (SCP's reward text) is never an SLL row, even of a model without an sll run of entropy 0
+    del params["runs"][new["topdown-sll"]]
+    got = labels(sle_table2(params, "synthetic", scores))
+    assert not any(f"[{run}]" in label for label in got for run in ("z", new["topdown-scst"]))
+    assert "topdown (SLL*): no run" in got
 
 
 def test_missing_run_or_kind_shows_a_dash() -> None:
     params = sle_params()
     scores = all_scores(params, "synthetic")
-    del scores["fc-sll_sle"]
+    del scores["fc_lstm_state-sll_sle"]
     del params["runs"]["topdown-sll_me"]
     t2 = rows(sle_table2(params, "synthetic", scores))
-    assert texts(t2["fc (SLL-SLE) [fc-sll_sle]"]) == ["—", "—", "—"]
+    assert texts(t2["fc_lstm_state (SLL-SLE) [fc_lstm_state-sll_sle]"]) == ["—", "—", "—"]
     assert texts(t2["topdown (SLL-ME*): no run"]) == ["—", "—", "—"]
     t4 = rows(sle_table4(params, "synthetic", scores))
-    assert texts(t4["fc (SLL-SLE, rs) [fc-sll_sle]"]) == ["—"] * 5
+    assert texts(t4["fc_lstm_state (SLL-SLE, rs) [fc_lstm_state-sll_sle]"]) == ["—"] * 5
     assert texts(t4["topdown (SLL-ME*, bs): no run"]) == ["—"] * 5
 
 
@@ -144,15 +151,15 @@ def test_run_that_cannot_train_here_is_unavailable(monkeypatch: pytest.MonkeyPat
     from caprl.tables import build
 
     params = sle_params()
-    params["runs"]["fc-sll_sle"]["options"] = {"reward": "spider"}
+    params["runs"]["fc_lstm_state-sll_sle"]["options"] = {"reward": "spider"}
     monkeypatch.setattr(build, "reward_unavailable_reason", lambda name, p: "no SPICE" if name == "spider" else None)
     scores = all_scores(params, "synthetic")
-    del scores["fc-sll_sle"]
+    del scores["fc_lstm_state-sll_sle"]
     t2, t4 = sle_table2(params, "synthetic", scores), sle_table4(params, "synthetic", scores)
-    assert texts(rows(t2)["fc (SLL-SLE) [fc-sll_sle]"]) == ["unavailable"] * 3
-    assert texts(rows(t4)["fc (SLL-SLE, bs) [fc-sll_sle]"]) == ["unavailable"] * 5
-    assert "fc-sll_sle: unavailable, not trained here: no SPICE." in t2.notes
-    assert t4.notes.count("fc-sll_sle: unavailable, not trained here: no SPICE.") == 1
+    assert texts(rows(t2)["fc_lstm_state (SLL-SLE) [fc_lstm_state-sll_sle]"]) == ["unavailable"] * 3
+    assert texts(rows(t4)["fc_lstm_state (SLL-SLE, bs) [fc_lstm_state-sll_sle]"]) == ["unavailable"] * 5
+    assert "fc_lstm_state-sll_sle: unavailable, not trained here: no SPICE." in t2.notes
+    assert t4.notes.count("fc_lstm_state-sll_sle: unavailable, not trained here: no SPICE.") == 1
 
 
 def test_no_sle_run_says_so() -> None:
@@ -174,12 +181,13 @@ def test_table2_carries_the_paper_numbers_on_coco_only() -> None:
     assert labels(table)[:6] == [f"{label} [paper]" for label, _ in paper.TABLE2_PRIOR]
     assert texts(cells["NIC [32] [paper]"]) == ["— (paper 23.7)", "— (paper 85.5)", "—"]  # NA in the paper
     assert texts(cells["Top-Down-SLL [2] [paper]"]) == ["— (paper 26.5)", "— (paper 111.1)", "— (paper 20.2)"]
-    fc_sle = cells["fc (SLL-SLE) [fc-sll_sle]"]
+    fc_sle = cells["fc_lstm_state (SLL-SLE) [fc_lstm_state-sll_sle]"]
     assert [(c.ours, c.paper) for c in fc_sle[:2]] == [(pytest.approx(27.0), 27.0), (pytest.approx(115.0), 117.2)]
     assert texts(fc_sle) == ["27.0 (paper 27.0, +0.0)", "115.0 (paper 117.2, -2.2)", "— (paper 20.3)"]
-    assert texts(cells["fc (SLL) [fc-scst]"])[:2] == ["27.0 (paper 26.8, +0.2)", "115.0 (paper 115.0, +0.0)"]
-    assert [c.paper for c in cells["fc (SLL-ME) [fc-sll_me]"]] == [26.8, 115.6, 20.1]
-    assert [c.paper for c in cells["topdown (SLL*) [topdown-scst]"]] == [26.6, 117.2, 19.4]  # the * rows
+    assert texts(cells["fc_lstm_state (SLL) [fc_lstm_state-sll]"])[:2] == ["27.0 (paper 26.8, +0.2)",
+                                                                          "115.0 (paper 115.0, +0.0)"]
+    assert [c.paper for c in cells["fc_lstm_state (SLL-ME) [fc_lstm_state-sll_me]"]] == [26.8, 115.6, 20.1]
+    assert [c.paper for c in cells["topdown (SLL*) [topdown-sll]"]] == [26.6, 117.2, 19.4]  # the * rows
     assert [c.paper for c in cells["topdown (SLL-ME*) [topdown-sll_me]"]] == [26.7, 117.9, 19.5]
     assert [c.paper for c in cells["topdown (SLL-SLE*) [topdown-sll_sle]"]] == [27.0, 119.6, 19.9]
     assert "SPICE: not computed (java not found on PATH)." in table.notes
@@ -198,10 +206,11 @@ def test_table3_carries_the_paper_numbers_on_tgif_only() -> None:
     assert labels(table)[:2] == ["Official [15] [paper]", "Show-adapt [7] [paper]"]
     assert texts(cells["Show-adapt [7] [paper]"]) == ["— (paper 16.2)", "— (paper 29.8)", "—"]
     # the text's assignment of the printed-swapped rows (see the next test)
-    assert texts(cells["fc (SLL) [fc-scst]"])[:2] == ["27.0 (paper 18.2, +8.8)", "115.0 (paper 48.1, +66.9)"]
-    assert [c.paper for c in cells["fc (SLL-ME) [fc-sll_me]"]] == [17.8, 45.9, 15.9]
-    assert [c.paper for c in cells["fc (SLL-SLE) [fc-sll_sle]"]] == [18.8, 50.8, 16.6]
-    assert all(c.paper is None for c in cells["topdown (SLL*) [topdown-scst]"])  # the paper has no attention rows
+    assert texts(cells["fc_lstm_state (SLL) [fc_lstm_state-sll]"])[:2] == ["27.0 (paper 18.2, +8.8)",
+                                                                          "115.0 (paper 48.1, +66.9)"]
+    assert [c.paper for c in cells["fc_lstm_state (SLL-ME) [fc_lstm_state-sll_me]"]] == [17.8, 45.9, 15.9]
+    assert [c.paper for c in cells["fc_lstm_state (SLL-SLE) [fc_lstm_state-sll_sle]"]] == [18.8, 50.8, 16.6]
+    assert all(c.paper is None for c in cells["topdown (SLL*) [topdown-sll]"])  # the paper has no attention rows
     assert "no paper numbers for topdown (with attention)" in " ".join(table.notes)
     assert "TGIF" in " ".join(table.notes) and "Table 3" in table.title
     for ds in ("synthetic_video", "coco"):
@@ -216,21 +225,23 @@ def test_table3_carries_the_paper_numbers_on_tgif_only() -> None:
 def test_table4_rows_cells_and_paper_numbers_on_coco() -> None:
     params = sle_params()
     scores = all_scores(params, "coco")
-    scores["fc-sll_sle"]["diversity"]["rs"] = {"CIDEr-D": 1.16, "Div-1": 0.304, "Div-2": 0.4, "mBLEU-4": 0.655,
-                                               "Self-CIDEr": 0.704}
+    scores["fc_lstm_state-sll_sle"]["diversity"]["rs"] = {"CIDEr-D": 1.16, "Div-1": 0.304, "Div-2": 0.4,
+                                                          "mBLEU-4": 0.655, "Self-CIDEr": 0.704}
     table = sle_table4(params, "coco", scores)
     assert table.columns == ["CIDEr-D", "Div-1", "Div-2", "mBLEU-4", "Self-CIDEr"]
-    fc = [f"fc ({kind}, {d}) [fc-{run}]" for d in ("rs", "bs")
-          for kind, run in [("XE", "xe"), ("SLL", "scst"), ("SLL-ME", "sll_me"), ("SLL-SLE", "sll_sle")]]
+    fc = [f"fc_lstm_state ({kind}, {d}) [fc_lstm_state-{run}]" for d in ("rs", "bs")
+          for kind, run in [("XE", "xe"), ("SLL", "sll"), ("SLL-ME", "sll_me"), ("SLL-SLE", "sll_sle")]]
     assert labels(table)[:8] == fc
     assert labels(table)[8] == "topdown (XE*, rs) [topdown-xe]" and len(labels(table)) == 16 + 3
     cells = rows(table)
-    assert texts(cells["fc (SLL-SLE, rs) [fc-sll_sle]"]) == ["116.0 (paper 115.9, +0.1)", "0.30 (paper 0.29, +0.01)",
-                                                            "0.40 (paper 0.40, +0.00)", "0.66 (paper 0.68, -0.03)",
-                                                            "0.70"]  # Self-CIDEr: no paper number
-    assert texts(cells["fc (XE, bs) [fc-xe]"]) == ["110.0 (paper 102.5, +7.5)", "0.27 (paper 0.27, +0.00)",
-                                                  "0.36 (paper 0.35, +0.01)", "0.76 (paper 0.80, -0.04)", "0.52"]
-    assert [c.paper for c in cells["fc (SLL-ME, bs) [fc-sll_me]"]] == [115.6, 0.26, 0.34, 0.79, None]
+    assert texts(cells["fc_lstm_state (SLL-SLE, rs) [fc_lstm_state-sll_sle]"]) == [
+        "116.0 (paper 115.9, +0.1)", "0.30 (paper 0.29, +0.01)", "0.40 (paper 0.40, +0.00)",
+        "0.66 (paper 0.68, -0.03)", "0.70"]  # Self-CIDEr: no paper number
+    assert texts(cells["fc_lstm_state (XE, bs) [fc_lstm_state-xe]"]) == [
+        "110.0 (paper 102.5, +7.5)", "0.27 (paper 0.27, +0.00)", "0.36 (paper 0.35, +0.01)",
+        "0.76 (paper 0.80, -0.04)", "0.52"]
+    sll_me_bs = cells["fc_lstm_state (SLL-ME, bs) [fc_lstm_state-sll_me]"]
+    assert [c.paper for c in sll_me_bs] == [115.6, 0.26, 0.34, 0.79, None]
     assert all(c.paper is None for c in cells["topdown (SLL-SLE*, rs) [topdown-sll_sle]"])  # paper: no attention
     assert texts(cells["topdown (SLL-SLE*, rs) [topdown-sll_sle]"]) == ["102.0", "0.31", "0.42", "0.61", "0.71"]
     assert texts(cells["VAE [33] (bs) [paper]"]) == ["— (paper 100.0)", "—", "—", "—", "—"]
@@ -251,16 +262,18 @@ def test_table4_has_no_paper_numbers_elsewhere(dataset: str) -> None:
 def test_table4_without_diversity_says_not_evaluated() -> None:
     params = sle_params()
     scores = all_scores(params, "coco")
-    scores["fc-scst"] = score(params, "fc-scst", "coco", with_diversity=False)  # scored before the section existed
-    scores["fc-xe"]["diversity"].pop("bs")
+    # scored before the section existed
+    scores["fc_lstm_state-sll"] = score(params, "fc_lstm_state-sll", "coco", with_diversity=False)
+    scores["fc_lstm_state-xe"]["diversity"].pop("bs")
     cells = rows(sle_table4(params, "coco", scores))
     for d in ("rs", "bs"):
-        row = cells[f"fc (SLL, {d}) [fc-scst]"]
+        row = cells[f"fc_lstm_state (SLL, {d}) [fc_lstm_state-sll]"]
         assert all(c.ours is None for c in row)
         assert [t.split(" (paper")[0] for t in texts(row)] == ["not evaluated"] * 5
-    assert texts(cells["fc (XE, bs) [fc-xe]"])[0] == "not evaluated (paper 102.5)"
-    assert cells["fc (XE, rs) [fc-xe]"][0].ours == pytest.approx(102.0)
-    assert rows(sle_table2(params, "coco", scores))["fc (SLL) [fc-scst]"][1].ours == pytest.approx(115.0)
+    assert texts(cells["fc_lstm_state (XE, bs) [fc_lstm_state-xe]"])[0] == "not evaluated (paper 102.5)"
+    assert cells["fc_lstm_state (XE, rs) [fc_lstm_state-xe]"][0].ours == pytest.approx(102.0)
+    t2 = rows(sle_table2(params, "coco", scores))
+    assert t2["fc_lstm_state (SLL) [fc_lstm_state-sll]"][1].ours == pytest.approx(115.0)
 
 
 def test_table4_bs_cider_is_the_top_beams() -> None:
@@ -270,30 +283,33 @@ def test_table4_bs_cider_is_the_top_beams() -> None:
     search: the same top beam); with another width, "not evaluated"; a note says which."""
     params = sle_params()
     scores = all_scores(params, "coco")
-    for run in ("fc-scst", "fc-sll_me"):
+    for run in ("fc_lstm_state-sll", "fc_lstm_state-sll_me"):
         scores[run]["diversity"]["settings"].pop("precision")  # an older score file: bs = the mean
-    scores["fc-sll_me"]["beam_size"] = 3  # its main score is not a beam-5 search
+    scores["fc_lstm_state-sll_me"]["beam_size"] = 3  # its main score is not a beam-5 search
     table = sle_table4(params, "coco", scores)
     cells = rows(table)
-    assert texts(cells["fc (SLL-SLE, bs) [fc-sll_sle]"])[0] == "110.0 (paper 117.2, -7.2)"  # its top-beam value
-    assert texts(cells["fc (SLL, bs) [fc-scst]"])[0] == "115.0 (paper 115.0, +0.0)"  # metrics CIDEr-D, not 110.0
-    assert cells["fc (SLL, rs) [fc-scst]"][0].ours == pytest.approx(102.0)  # rs: the mean, as written
-    assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[0] == "not evaluated (paper 115.6)"
-    assert texts(cells["fc (SLL-ME, bs) [fc-sll_me]"])[1:] == ["0.27 (paper 0.26, +0.01)", "0.36 (paper 0.34, +0.02)",
-                                                              "0.76 (paper 0.79, -0.03)", "0.52"]
-    assert ("fc-scst: its bs CIDEr-D is its beam-5 test CIDEr-D, the top beam's (its older diversity section "
+    # its top-beam value
+    assert texts(cells["fc_lstm_state (SLL-SLE, bs) [fc_lstm_state-sll_sle]"])[0] == "110.0 (paper 117.2, -7.2)"
+    # metrics CIDEr-D, not 110.0
+    assert texts(cells["fc_lstm_state (SLL, bs) [fc_lstm_state-sll]"])[0] == "115.0 (paper 115.0, +0.0)"
+    # rs: the mean, as written
+    assert cells["fc_lstm_state (SLL, rs) [fc_lstm_state-sll]"][0].ours == pytest.approx(102.0)
+    assert texts(cells["fc_lstm_state (SLL-ME, bs) [fc_lstm_state-sll_me]"])[0] == "not evaluated (paper 115.6)"
+    assert texts(cells["fc_lstm_state (SLL-ME, bs) [fc_lstm_state-sll_me]"])[1:] == [
+        "0.27 (paper 0.26, +0.01)", "0.36 (paper 0.34, +0.02)", "0.76 (paper 0.79, -0.03)", "0.52"]
+    assert ("fc_lstm_state-sll: its bs CIDEr-D is its beam-5 test CIDEr-D, the top beam's (its older diversity section "
             "holds the mean over the captions).") in table.notes
-    assert ("fc-sll_me: bs CIDEr-D not evaluated: its diversity section holds the mean over the captions, not "
-            "the top beam's (re-run its evaluation).") in table.notes
+    assert ("fc_lstm_state-sll_me: bs CIDEr-D not evaluated: its diversity section holds the mean over the captions, "
+            "not the top beam's (re-run its evaluation).") in table.notes
     assert "bs = the top beam's" in table.notes[0] and "rs = the mean over an image's 5 samples" in table.notes[0]
 
 
 def test_table4_notes_other_diversity_settings() -> None:
     params = sle_params()
     scores = all_scores(params, "synthetic")
-    scores["fc-scst"]["diversity"]["settings"]["samples"] = 3
+    scores["fc_lstm_state-sll"]["diversity"]["settings"]["samples"] = 3
     notes = sle_table4(params, "synthetic", scores).notes
-    assert "fc-scst: diversity evaluated with samples = 3 (params: samples = 5)." in notes
+    assert "fc_lstm_state-sll: diversity evaluated with samples = 3 (params: samples = 5)." in notes
 
 
 # ---------------------------------------------------------------- Fig. 2 / 4
@@ -302,39 +318,42 @@ def test_table4_notes_other_diversity_settings() -> None:
 def test_samples_side_by_side_for_the_same_images() -> None:
     params = sle_params()
     scores = all_scores(params, "coco")
-    scores["fc-xe"]["diversity"] = diversity("fc-xe", ids=[7, 3, 9])  # the first run's ids, in its order
+    # the first run's ids, in its order
+    scores["fc_lstm_state-xe"]["diversity"] = diversity("fc_lstm_state-xe", ids=[7, 3, 9])
     table = sle_samples(params, "coco", scores)
     assert table.columns == ["XE", "SLL", "SLL-SLE", "references"]
     cells = rows(table)
-    fc = [label for label in labels(table) if label.startswith("fc,")]
-    assert fc == [f"fc, image {i}, {k}" for i in (7, 3, 9) for k in range(1, 6)]
+    fc = [label for label in labels(table) if label.startswith("fc_lstm_state,")]
+    assert fc == [f"fc_lstm_state, image {i}, {k}" for i in (7, 3, 9) for k in range(1, 6)]
     for i in (7, 3):
         for k in range(5):
-            assert texts(cells[f"fc, image {i}, {k + 1}"]) == [f"fc-xe sample {k} of image {i}",
-                                                               f"fc-scst sample {k} of image {i}",
-                                                               f"fc-sll_sle sample {k} of image {i}",
+            assert texts(cells[f"fc_lstm_state, image {i}, {k + 1}"]) == [f"fc_lstm_state-xe sample {k} of image {i}",
+                                                               f"fc_lstm_state-sll sample {k} of image {i}",
+                                                               f"fc_lstm_state-sll_sle sample {k} of image {i}",
                                                                f"reference {k} of image {i}"]
-    assert texts(cells["fc, image 9, 1"]) == ["fc-xe sample 0 of image 9", "—", "—", "reference 0 of image 9"]
-    assert "fc-scst: no example for image 9." in table.notes
+    assert texts(cells["fc_lstm_state, image 9, 1"]) == ["fc_lstm_state-xe sample 0 of image 9", "—", "—",
+                                                         "reference 0 of image 9"]
+    assert "fc_lstm_state-sll: no example for image 9." in table.notes
     assert texts(cells["topdown, image 3, 2"])[:3] == ["topdown-xe sample 1 of image 3",
-                                                       "topdown-scst sample 1 of image 3",
+                                                       "topdown-sll sample 1 of image 3",
                                                        "topdown-sll_sle sample 1 of image 3"]
-    assert "ids from fc-xe" in table.notes[0]
+    assert "ids from fc_lstm_state-xe" in table.notes[0]
 
 
 def test_samples_missing_or_unevaluated_runs() -> None:
     params = sle_params()
     scores = all_scores(params, "synthetic")
-    del scores["fc-xe"]
-    scores["fc-scst"] = score(params, "fc-scst", "synthetic", with_diversity=False)
-    for run in ("topdown-xe", "topdown-scst", "topdown-sll_sle"):
+    del scores["fc_lstm_state-xe"]
+    scores["fc_lstm_state-sll"] = score(params, "fc_lstm_state-sll", "synthetic", with_diversity=False)
+    for run in ("topdown-xe", "topdown-sll", "topdown-sll_sle"):
         del scores[run]
     table = sle_samples(params, "synthetic", scores)
     cells = rows(table)
-    assert texts(cells["fc, image 3, 1"]) == ["—", "not evaluated", "fc-sll_sle sample 0 of image 3",
+    assert texts(cells["fc_lstm_state, image 3, 1"]) == ["—", "not evaluated",
+                                                         "fc_lstm_state-sll_sle sample 0 of image 3",
                                               "reference 0 of image 3"]
     assert texts(cells["topdown: no examples"]) == ["—", "—", "—", "—"]
-    assert "ids from fc-sll_sle" in table.notes[0]
+    assert "ids from fc_lstm_state-sll_sle" in table.notes[0]
 
 
 # ---------------------------------------------------------------- renderings
@@ -344,8 +363,8 @@ def test_samples_missing_or_unevaluated_runs() -> None:
 def test_every_rendering(dataset: str) -> None:
     params = sle_params()
     scores = all_scores(params, dataset)
-    scores["fc-sll_me"].pop("diversity")
-    scores["topdown-scst"]["diversity"]["examples"][0]["rs"][0] = "a 50% cut & paste_caption #1"
+    scores["fc_lstm_state-sll_me"].pop("diversity")
+    scores["topdown-sll"]["diversity"]["examples"][0]["rs"][0] = "a 50% cut & paste_caption #1"
     for build in (sle_table2, sle_table3, sle_table4, sle_samples):
         table = build(params, dataset, scores)
         md, csv, tex = table.markdown(), table.csv(), table.latex()
@@ -353,14 +372,15 @@ def test_every_rendering(dataset: str) -> None:
         assert all(line.count("|") == len(table.columns) + 2 for line in md.splitlines() if line.startswith("| "))
         assert len(csv.splitlines()) == len(table.rows) + 1 and "\\end{tabular}" in tex
     samples = sle_samples(params, dataset, scores)
-    assert "fc-sll_sle sample 4 of image 7" in samples.csv()
-    sll = "fc-sll-video" if dataset == "synthetic_video" else "fc-scst"  # an sll run first, else the scst run
-    assert f"| fc, image 3, 1 | fc-xe sample 0 of image 3 | {sll} sample 0 of image 3 |" in samples.markdown()
+    assert "fc_lstm_state-sll_sle sample 4 of image 7" in samples.csv()
+    assert ("| fc_lstm_state, image 3, 1 | fc_lstm_state-xe sample 0 of image 3 | fc_lstm_state-sll sample 0 of "
+            "image 3 |") in samples.markdown()
     assert "a 50\\% cut \\& paste\\_caption \\#1" in samples.latex()
     t4 = sle_table4(params, dataset, scores)
-    assert "| fc (SLL-ME, rs) [fc-sll_me] | not evaluated" in t4.markdown()
-    csv_row = next(line for line in t4.csv().splitlines() if line.startswith('"fc (SLL-SLE, rs)'))
-    assert csv_row.startswith('"fc (SLL-SLE, rs) [fc-sll_sle]",102.0000,') and ",0.3100," in csv_row
+    assert "| fc_lstm_state (SLL-ME, rs) [fc_lstm_state-sll_me] | not evaluated" in t4.markdown()
+    csv_row = next(line for line in t4.csv().splitlines() if line.startswith('"fc_lstm_state (SLL-SLE, rs)'))
+    assert csv_row.startswith('"fc_lstm_state (SLL-SLE, rs) [fc_lstm_state-sll_sle]",102.0000,')
+    assert ",0.3100," in csv_row
 
 
 # ---------------------------------------------------------------- the paper's numbers

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from numerics import assert_float64_close, to_float64
 from toy import CONSTANT_LR, FEAT, WORDS, ToyData, count_red, decode, fit, toy_trainer
 
 from caprl import decoding
@@ -52,23 +53,25 @@ def stepped(model: Any, ctx: Any, state: Any, inputs: torch.Tensor) -> tuple[tor
     return torch.stack(out, dim=1), state
 
 
+@pytest.mark.numerics
 def test_greedy_steps_give_the_teacher_forced_forwards_logprobs() -> None:
-    model = tiny(vocab=9, end_bias=-4.0).eval()
-    ctx = model.encode(*images(4))
+    model, *pixels = to_float64(tiny(vocab=9, end_bias=-4.0).eval(), *images(4))  # steps against one pass
+    ctx = model.encode(*pixels)
     greedy = decoding.sample(model, ctx, 12, greedy=True).last_stage()  # [4, 12]
     assert int((greedy > 0).sum(1).min()) >= 6  # long captions: the cache fills many slots
     inputs = torch.cat([greedy.new_zeros(4, 1), greedy[:, :-1]], dim=1)
     steps, _ = stepped(model, ctx, model.init_state(ctx), inputs)  # every step's whole distribution
     assert torch.equal(steps.argmax(-1), greedy)
     forced = model.teacher_forcing(ctx, greedy)[:, 0]  # [4, 13, V], one pass under the causal mask
-    torch.testing.assert_close(steps, forced[:, :12], atol=1e-5, rtol=0)
+    assert_float64_close(steps, forced[:, :12])
 
 
+@pytest.mark.numerics
 def test_a_beam_reordered_state_steps_as_the_teacher_forced_forward_of_the_spliced_captions() -> None:
     """Rows of a state after s steps reordered as beam search reorders them (rows of the same image),
     then stepped on: each row's log-probabilities are those of its new prefix + continuation."""
-    model, k, s = tiny(vocab=9).eval(), 3, 4
-    ctx = decoding.expand(model.encode(*images(2)), k)  # 6 rows: 3 beams per image
+    model, k, s = tiny(vocab=9).eval().double(), 3, 4  # steps against one pass: in float64
+    ctx = decoding.expand(model.encode(*to_float64(*images(2))), k)  # 6 rows: 3 beams per image
     gen = torch.Generator().manual_seed(5)
     first, then = torch.randint(1, 9, (6, s), generator=gen), torch.randint(1, 9, (6, 5), generator=gen)
     before, state = stepped(model, ctx, model.init_state(ctx), torch.cat([first.new_zeros(6, 1), first[:, :-1]], 1))
@@ -77,13 +80,14 @@ def test_a_beam_reordered_state_steps_as_the_teacher_forced_forward_of_the_splic
     after, _ = stepped(model, ctx, state, torch.cat([first[order, -1:], then[:, :-1]], dim=1))
     captions = torch.cat([first[order], then], dim=1)  # [6, 9]
     forced = model.teacher_forcing(ctx, captions)[:, 0]
-    torch.testing.assert_close(before[order], forced[:, :s], atol=1e-5, rtol=0)
-    torch.testing.assert_close(after, forced[:, s:9], atol=1e-5, rtol=0)
+    assert_float64_close(before[order], forced[:, :s])
+    assert_float64_close(after, forced[:, s:9])
 
 
+@pytest.mark.numerics
 def test_every_beams_score_is_its_teacher_forced_logprob() -> None:
-    model = tiny(vocab=9, end_bias=-2.0).eval()
-    ctx = model.encode(*images(3))
+    model, *pixels = to_float64(tiny(vocab=9, end_bias=-2.0).eval(), *images(3))  # beam steps against one pass
+    ctx = model.encode(*pixels)
     tokens, scores = decoding.beam_search(model, ctx, 4, 10)
     forced = model.teacher_forcing(decoding.expand(ctx, 4), tokens.reshape(12, 10))[:, 0]  # [12, 11, V]
     gold = torch.cat([tokens.reshape(12, 10), tokens.new_zeros(12, 1)], dim=1)
@@ -91,20 +95,21 @@ def test_every_beams_score_is_its_teacher_forced_logprob() -> None:
     live[:, 10] &= (gold[:, 9] == 0)
     summed = (forced.gather(-1, gold.unsqueeze(-1)).squeeze(-1) * live).sum(1).view(3, 4)
     assert int((tokens > 0).sum(-1).max()) >= 5
-    torch.testing.assert_close(summed, scores, atol=1e-5, rtol=0)
+    assert_float64_close(summed, scores)
 
 
+@pytest.mark.numerics
 def test_scheduled_samplings_step_by_step_path_gives_the_one_pass_logprobs() -> None:
     """XE under scheduled sampling steps through the cache as the base class does (captions sorted
     by length, the batch shrinking as they end); with a probability that never samples it gives
     the one-pass forward's numbers."""
-    model = tiny().eval()
+    model = tiny().eval().double()  # steps against one pass: in float64
     labels = torch.randint(1, len(WORDS), (5, 7), generator=torch.Generator().manual_seed(3))
     for row, length in enumerate([7, 2, 5, 0, 3]):
         labels[row, length:] = 0
-    ctx = model.encode(*images(5))
+    ctx = model.encode(*to_float64(*images(5)))
     stepwise = model.token_logprobs(ctx, labels, sample_prob=1e-12, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(stepwise, model.token_logprobs(ctx, labels), atol=1e-5, rtol=0)
+    assert_float64_close(stepwise, model.token_logprobs(ctx, labels))
 
 
 def test_a_step_projects_only_its_new_word_and_never_the_memory() -> None:
@@ -121,13 +126,16 @@ def test_a_step_projects_only_its_new_word_and_never_the_memory() -> None:
     assert seen["self"] == [1] * 16 and seen["cross"] == [2, 2]  # 8 steps x 2 layers, one position each
 
 
+@pytest.mark.numerics
 def test_a_cpu_decode_that_drops_ended_rows_samples_and_trains_as_stepping_every_row(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """caprl.decoding.live_rows selects rows of the cache, and the dropout masks stay the full batch's."""
+    """caprl.decoding.live_rows selects rows of the cache, and the dropout masks stay the full batch's.
+    The shrunk decode's matrix products have fewer rows (another blocking, another summation order),
+    so both decodes run in float64, where that order moves results by ~1e-15 (tests/numerics.py)."""
     from caprl.decoding import live_rows
 
-    model = tiny(vocab=9, dropout=0.3, end_bias=1.0).train()
-    pooled, regions = images(12)
+    model, (pooled, regions) = tiny(vocab=9, dropout=0.3, end_bias=1.0).train(), images(12)
+    model, pooled, regions = to_float64(model, pooled, regions)
     runs = []
     for at in (live_rows.SHRINK_AT, -1.0):  # -1: never shrink
         monkeypatch.setattr(live_rows, "SHRINK_AT", at)
@@ -142,10 +150,10 @@ def test_a_cpu_decode_that_drops_ended_rows_samples_and_trains_as_stepping_every
     lengths = a.mask.sum(-1)
     assert 0 < float(lengths.min()) < float(lengths.max()) == 10  # some rows end early, some never
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
-    torch.testing.assert_close(loss_a, loss_b, atol=1e-6, rtol=1e-6)
+    assert_float64_close(loss_a, loss_b)
     assert grads_a.keys() == grads_b.keys() and grads_a
     for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-6, rtol=1e-5, msg=name)
+        assert_float64_close(grads_a[name], grads_b[name], msg=name)
 
 
 # --- every method meant for one-stage models ---------------------------------------------------

@@ -108,3 +108,30 @@ def test_params_yaml_holds_every_choice_of_the_committed_tuning_report(dataset: 
                                                   key=lambda d: tuple(sorted(d.items()))), run
         trained = {option: params_mod.run_spec(params, run).options[option] for option in entry["chosen"]}
         assert trained == entry["chosen"], f"runs.{run}: params.yaml trains {trained}, the tuning chose {entry['chosen']}"
+
+
+def test_a_merge_takes_the_new_reports_entries_keeps_each_label_and_drops_runs_no_longer_tuned() -> None:
+    """Re-tuning some runs only: ``caprl tune-report --merge OLD NEW`` keeps OLD's entries of the runs
+    NEW has no points of (with their own ``tuned_at``), NEW's for the others, and none of a run
+    params.yaml no longer tunes; a run neither holds is an error naming it."""
+    from caprl.workflow.tuning import merge
+
+    params = tuned({"fc-xe": {"lr": "lr_xe"}, "fc-scst": {"lr": "lr"}})
+
+    def entry(lr: float, label: str) -> dict:
+        point = {"run": "x", "options": {"lr": lr}, "best": 1.0, "epoch": 1, "start": None}
+        return {"method": "m", "select": "CIDEr-D", "points": [point], "chosen": {"lr": lr},
+                "current": {"lr": 0.0}, "tuned_at": label}
+
+    old = {"dataset": "synthetic", "budget": 3, "runs": {"fc-xe": entry(1e-3, "old"), "fc-scst": entry(1e-4, "old"),
+                                                         "fc-gone": entry(1.0, "old")}}
+    new = {"dataset": "synthetic", "budget": 3, "runs": {"fc-scst": entry(2e-4, "new")}}
+    merged = merge(params, old, new, where="test")
+    assert list(merged["runs"]) == ["fc-xe", "fc-scst"]
+    assert merged["runs"]["fc-xe"]["tuned_at"] == "old" and merged["runs"]["fc-scst"]["tuned_at"] == "new"
+    assert merged["runs"]["fc-scst"]["chosen"] == {"lr": 2e-4}
+    assert merged["runs"]["fc-scst"]["current"] == {"lr": params_mod.run_spec(params, "fc-scst").options["lr"]}
+    assert "Tuned at new." in markdown(merged)
+    del old["runs"]["fc-xe"]
+    with pytest.raises(CaprlError, match="run fc-xe"):
+        merge(params, old, new, where="test")

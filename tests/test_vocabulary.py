@@ -95,13 +95,14 @@ def test_sle_table4_self_cider_column_and_older_sections(monkeypatch: pytest.Mon
     scores = all_scores(params, "coco")
     before = {label: [c.text() for c in row[:4]] for label, row in sle_table4(params, "coco", scores).rows}
     for decoding in ("rs", "bs"):
-        scores["fc-sll_sle"]["diversity"][decoding].pop("Self-CIDEr")
+        scores["fc_lstm_state-sll_sle"]["diversity"][decoding].pop("Self-CIDEr")
     table = sle_table4(params, "coco", scores)
     assert table.columns[-1] == "Self-CIDEr"
     cells = {label: [c.text() for c in row] for label, row in table.rows}
     assert {label: texts[:4] for label, texts in cells.items()} == before
-    assert cells["fc (SLL-SLE, rs) [fc-sll_sle]"][-1] == "not evaluated"
-    assert cells["fc (SLL, rs) [fc-scst]"][-1] == "0.71" and cells["fc (SLL, bs) [fc-scst]"][-1] == "0.52"
+    assert cells["fc_lstm_state (SLL-SLE, rs) [fc_lstm_state-sll_sle]"][-1] == "not evaluated"
+    assert cells["fc_lstm_state (SLL, rs) [fc_lstm_state-sll]"][-1] == "0.71"
+    assert cells["fc_lstm_state (SLL, bs) [fc_lstm_state-sll]"][-1] == "0.52"
     assert any("Self-CIDEr (Wang & Chan, CVPR 2019" in n for n in table.notes)
 
 

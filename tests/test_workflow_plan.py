@@ -20,15 +20,17 @@ def test_default_plan_trains_every_run_with_an_available_reward() -> None:
     assert list(plan.datasets) == ["synthetic", "synthetic_video"]
     trained = [job.run for job in plan.trained("synthetic")]
     video_only = {r for r, e in params["runs"].items() if e.get("datasets") == ["synthetic_video"]}
-    assert video_only == {"fc-xe-video", "fc-sll-video", "fc-sll_me-video", "fc-sll_sle-video"}
+    assert video_only == {"fc_lstm_state-xe-video", "fc_lstm_state-sll-video", "fc_lstm_state-sll_me-video",
+                          "fc_lstm_state-sll_sle-video"}
     assert set(trained) | {run for ds, run in plan.skipped if ds == "synthetic"} == set(params["runs"]) - video_only
     # the video set trains only the runs it lists (datasets.synthetic_video.runs)
     video_runs = params["datasets"]["synthetic_video"]["runs"]
     assert [job.run for job in plan.trained("synthetic_video")] == [r for r in params["runs"] if r in video_runs]
-    assert plan.job("synthetic_video", "fc-sll_sle-video").init == {"model": "runs/synthetic_video/fc-xe-video/best.pt"}
-    job = plan.job("synthetic", "fc-pg_spider-bcmr")
-    assert job.init == {"model": "runs/synthetic/fc-xe/best.pt"}
-    assert job.init_args() == "--init model=runs/synthetic/fc-xe/best.pt"
+    assert plan.job("synthetic_video", "fc_lstm_state-sll_sle-video").init == {
+        "model": "runs/synthetic_video/fc_lstm_state-xe-video/best.pt"}
+    job = plan.job("synthetic", "fc_lstm-pg_spider-bcmr")
+    assert job.init == {"model": "runs/synthetic/fc_lstm-xe/best.pt"}
+    assert job.init_args() == "--init model=runs/synthetic/fc_lstm-xe/best.pt"
     assert job.spec.options["reward"] == "bcmr" and job.spec.options["rollouts"] == 3
     assert plan.attention_job("synthetic").run == "stackcap-c2f"
     # paper 004's runs (every point of the lam / rho sweeps) hold a listener: ranked by retrieval
@@ -88,17 +90,19 @@ def test_a_run_whose_reward_is_unavailable_is_skipped_with_its_dependents(monkey
 
     monkeypatch.setattr(caprl.rewards, "reward_unavailable_reason", unavailable)
     params = default_params()
-    params["runs"]["fc-after-bcmr"] = {"method": "scst", "model": "fc", "init": {"model": "fc-pg_spider-bcmr"}}
+    params["runs"]["fc-after-bcmr"] = {"method": "scst", "model": "fc_lstm",
+                                       "init": {"model": "fc_lstm-pg_spider-bcmr"}}
     plan = wp.build_plan(params)
     assert plan.skipped_runs("synthetic") == {
-        "fc-pg_spider-bcmr": "no METEOR here",
-        "fc-after-bcmr": "starts from run fc-pg_spider-bcmr, which is skipped",
+        "fc_lstm-pg_spider-bcmr": "no METEOR here",
+        "fc-after-bcmr": "starts from run fc_lstm-pg_spider-bcmr, which is skipped",
     }
     assert wp.skipped_runs(params, "synthetic") == plan.skipped_runs("synthetic")
     with pytest.raises(CaprlError, match="no METEOR here"):
-        plan.job("synthetic", "fc-pg_spider-bcmr")
+        plan.job("synthetic", "fc_lstm-pg_spider-bcmr")
     stages = dvc_stages(plan)
-    assert "synthetic-train-fc-pg_spider-bcmr" not in stages and "synthetic-train-fc-pg_spider-cider_d" in stages
+    assert ("synthetic-train-fc_lstm-pg_spider-bcmr" not in stages
+            and "synthetic-train-fc_lstm-pg_spider-cider_d" in stages)
 
 
 def test_only_captioner_runs_are_evaluated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,8 +167,8 @@ def test_bad_plans_name_the_key(edit, expected: str) -> None:
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (lambda p: p["runs"]["fc-sll_sle"]["options"].__setitem__("diversity", "mean"),
-     "runs.fc-sll_sle.options.diversity: expected one of leave_one_out, pairwise, got 'mean'"),
+    (lambda p: p["runs"]["fc_lstm_state-sll_sle"]["options"].__setitem__("diversity", "mean"),
+     "runs.fc_lstm_state-sll_sle.options.diversity: expected one of leave_one_out, pairwise, got 'mean'"),
     (lambda p: p["objectives"]["psst_gumbel"].__setitem__("variant", "soft"),
      "options.variant: expected one of code, paper, got 'soft'"),
     (lambda p: p["objectives"]["pg_spider"].__setitem__("rollout_mode", "greedy"),

@@ -1,4 +1,6 @@
-# Per dataset: every run whose objective yields a caption model, and the trivial baseline.
+# Per dataset: every run whose objective yields a caption model, and the trivial baseline. The
+# score file also holds the validation numbers of the epoch the checkpoint holds, read from the
+# checkpoint (caprl.evaluation.validation): the validation curves of paper 004's tables.
 rule evaluate:
     input:
         checkpoint=wp.CHECKPOINT,

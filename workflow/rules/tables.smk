@@ -1,7 +1,9 @@
 # Per dataset and table (datasets.<name>.tables, or tables:): one job reads the evaluated
 # runs' score files and retrieval results (and the listener runs' gold-caption retrieval results)
-# and writes results/tables/<dataset>_<table>.{md,csv,tex}. The report shows the CSV (its
-# caption renders it as a table), under the dataset and the table's paper.
+# and writes results/tables/<dataset>_<table>.{md,csv,tex}. A score file carries the validation
+# numbers of its checkpoint's epoch too (evaluate.smk): paper 004's auto operating points are
+# chosen on them, so no other file is read. The report shows the CSV (its caption renders it as a
+# table), under the dataset and the table's paper.
 rule tables:
     input:
         scores=table_inputs,

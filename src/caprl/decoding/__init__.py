@@ -327,6 +327,15 @@ def beam_search(
     hypothesis with the highest log-probability wins): constraints, which ban words without
     renormalising (:mod:`caprl.decoding.constraints`), a length penalty and diverse groups
     (:mod:`caprl.decoding.selection`).
+
+    With diverse groups the beams come group by group, each group's best first by its selection
+    score (its log-probability plus its diversity terms, under the length penalty), as
+    self-critical.pytorch's ``beam_search`` returns its ``done_beams`` (each group's list sorted by
+    ``p``, the groups concatenated in order) and its ``_sample_beam`` takes ``done_beams[0]``: the
+    caption returned (``beam``, ``tokens[:, 0]``) is the first group's best, the group that chose
+    with no diversity term, not the beam of highest log-probability over all groups (which a later
+    group, pushed off the first group's words, can find). The scores stay the plain
+    log-probabilities, so they are not in decreasing order across groups.
     """
     opts = options or DecodeOptions()
     k = beam_size
@@ -377,9 +386,20 @@ def beam_search(
         if stop_early and bool(finished.all()):
             break
     final = penalty(scores, lengths, opts.length_alpha)
-    order = final.argsort(dim=1, descending=True)
+    order = final.argsort(dim=1, descending=True) if opts.groups == 1 else _group_order(
+        penalty(selecting, lengths, opts.length_alpha), opts.groups)
     tokens = tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.shape[2]))
     return _pad(tokens, max_length), final.gather(1, order)
+
+
+def _group_order(ranked: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, K]`` beam order: group by group, within a group by ``ranked`` (highest first), as
+    self-critical.pytorch's ``done_beams`` of diverse beam search."""
+    batch, k = ranked.shape
+    per = k // groups
+    within = ranked.view(batch, groups, per).argsort(dim=2, descending=True)
+    offsets = (torch.arange(groups, device=ranked.device) * per).view(1, groups, 1)
+    return (within + offsets).view(batch, k)
 
 
 def _pad(x: torch.Tensor, length: int) -> torch.Tensor:

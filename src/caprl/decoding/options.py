@@ -7,8 +7,9 @@ them (:data:`READS`): the constraints (:mod:`caprl.decoding.constraints`) every 
 lookahead; the length penalty and diverse groups (:mod:`caprl.decoding.selection`) the beam
 decoders; top-k, top-p and the temperature (:mod:`caprl.decoding.sampling`) the sample decoder.
 An option set for a decoder that does not read it, or a combination that means nothing, is a
-CaprlError naming the key (:func:`options_problem`, which the plan can ask before any job, and
-:func:`read_options`, which every decoder asks).
+CaprlError naming the key (:func:`options_problem`, which the plan and ``caprl evaluate`` ask
+through :func:`run_options_problem` before any decoding, and :func:`read_options`, which every
+decoder asks).
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ def options_problem(decode: Mapping[str, Any], where: str = "decode") -> str | N
     if not value["temperature"] > 0:
         return f"{where}.temperature: {value['temperature']!r}: must be > 0"
     return None
+
+
+def run_options_problem(params: Mapping[str, Any], run: str, decode: Mapping[str, Any],
+                        name_run: bool = True) -> str | None:
+    """:func:`options_problem` of ``decode``, ``run``'s resolved ``decode:``, naming the key as the
+    plan and the stages do: ``runs.<run>.decode.<key>`` where the run sets its own ``decode:``,
+    else ``decode.<key>`` (then, with ``name_run``, prefixed ``run <run>: ``, as a stage of one
+    run says it; the plan, which stops at the first run, does not)."""
+    own = bool((params["runs"].get(run) or {}).get("decode"))  # the run's decode: over decode:
+    problem = options_problem(decode, f"runs.{run}.decode" if own else "decode")
+    return f"run {run}: {problem}" if problem is not None and name_run and not own else problem
 
 
 def settings_for(decoder: str, decode: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,11 +4,19 @@ The images go through the backbone the checkpoint was trained on, rebuilt from i
 record (:func:`caprl.io.provenance.features_record`: name, settings, sizes) and checked against
 it; a backbone or features file other than the checkpoint's is refused, naming both. The
 captions come from the decoder of ``decode.method`` with every ``decode:`` setting (the run's
-own on top, then the command line's), through :data:`caprl.decoding.DECODERS` and
-:func:`caprl.decoding.decode_split` as in ``caprl evaluate``, on the model's device.
+own on top, then the command line's; an option that decoder would ignore is refused, in the
+plan's words: :func:`caprl.decoding.options.options_problem`), through
+:data:`caprl.decoding.DECODERS` as in ``caprl evaluate``, on the model's device.
 
-An image that cannot be read is skipped with one warning naming it, and listed with the reason
-under ``skipped``. Output (``--out``, written atomically after every image is captioned)::
+Any number of images, in bounded memory: they are read a batch at a time (``--batch-size``,
+default ``evaluate.batch_size``; the next batch read while this one decodes), each image let go
+as soon as it is through the backbone (the page keeps a thumbnail of it), and each batch's
+captions are written out before the next batch is decoded.
+
+A file that cannot be read (not an image, truncated, a folder or a FIFO named like an image, a
+symbolic link loop or a broken link, no permission) is skipped with one warning naming it, and
+listed with the reason under ``skipped`` (and on the page); the reading is
+:mod:`caprl.evaluation.caption_folder`'s. Output (``--out``)::
 
     {"captions": [{"file": <name under its folder>, "path": <as read>, "caption": "...",
                    "logprob": <summed log-probability of its words and end token>}, ...],
@@ -18,30 +26,39 @@ under ``skipped``. Output (``--out``, written atomically after every image is ca
 
 ``logprob`` is the caption read back through the model with every stage fed its words, as beam
 search feeds them: the beam's own score when the decoder is a plain beam search. ``--html``
-also writes a self-contained page (:mod:`caprl.evaluation.caption_page`): each image with its
-caption and, for a model with attention over a grid, the maps of every word.
+also writes a self-contained page (:mod:`caprl.evaluation.caption_page`): each image's
+thumbnail with its caption and, for a model with attention over a grid, the maps of every word.
+
+Both outputs or neither (:func:`both_or_neither`): they are written into temporary files beside
+their targets, made before the first image is read (a folder that cannot hold them fails
+then), and put in place together once every image is captioned; a path that cannot hold an
+output (a folder there, a file where its folder should be) is refused before any work.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
-from dataclasses import dataclass
+import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import torch
 import yaml
-from PIL import Image
 from tqdm import tqdm
 
 from caprl import decoding, io, params as params_mod
 from caprl.data.vocab import Vocab
 from caprl.decoding import DECODERS, captured
 from caprl.decoding import lookahead  # noqa: F401  (registers the lookahead decoder)
+from caprl.decoding import options as decode_options
+from caprl.data.prefetch import Prefetcher
 from caprl.device import default_device
 from caprl.errors import CaprlError
 from caprl.evaluation import caption_page
+from caprl.evaluation.caption_folder import BatchReader, ImageFile, ReadBatch, find_images, identity
 from caprl.evaluation.run import decoder_settings, run_decode
 from caprl.evaluation.settings import EvalSettings
 from caprl.data.readers import media_of
@@ -54,76 +71,6 @@ from caprl.objectives.value import value_from_checkpoint
 from caprl.io import layout
 
 log = logging.getLogger(__name__)
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-_UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-
-
-@dataclass(frozen=True)
-class ImageFile:
-    name: str  # relative to the folder it was found in (the file as given, for a file)
-    path: Path
-
-
-def find_images(inputs: Sequence[str]) -> list[ImageFile]:
-    """The image files of ``inputs`` (folders: their files with an image suffix, recursively,
-    in name order; files: as given), each once; a CaprlError for a path that does not exist."""
-    found: dict[Path, ImageFile] = {}
-    for given in inputs:
-        path = Path(given)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                raise CaprlError(f"--images {given}: no image files in this folder ({', '.join(IMAGE_SUFFIXES)})")
-            for p in files:
-                found.setdefault(p.resolve(), ImageFile(p.relative_to(path).as_posix(), p))
-        elif path.is_file():
-            found.setdefault(path.resolve(), ImageFile(given, path))
-        else:
-            raise CaprlError(f"--images {given}: no such file or folder")
-    return list(found.values())
-
-
-def read_image(path: Path) -> Image.Image:
-    """The fully decoded RGB image; OSError/ValueError (PIL's) for a file that is not one."""
-    with Image.open(path) as img:
-        img.load()
-        return img.convert("RGB")
-
-
-def readable_images(files: Sequence[ImageFile]) -> tuple[list[ImageFile], list[dict[str, str]]]:
-    """The files that decode, and ``{"file", "path", "reason"}`` of each that does not (one
-    warning each, naming it)."""
-    good, skipped = [], []
-    for f in tqdm(files, desc="read images", unit="img", mininterval=2.0, disable=None):
-        try:
-            read_image(f.path)
-        except _UNREADABLE as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            log.warning("%s: skipped, not a readable image (%s)", f.path, reason)
-            skipped.append({"file": f.name, "path": str(f.path), "reason": reason})
-            continue
-        good.append(f)
-    return good, skipped
-
-
-class ImageFeatures:
-    """``features_of(ids)`` of :func:`caprl.decoding.decode_split` for image files: file ``ids[k]``
-    read and run through the backbone (on the reading thread, while the model decodes)."""
-
-    def __init__(self, files: Sequence[ImageFile], backbone: Backbone) -> None:
-        self.files, self.backbone = list(files), backbone
-
-    def features_of(self, ids: list[int], regions: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        images = []
-        for i in ids:
-            try:
-                images.append(read_image(self.files[i].path))
-            except _UNREADABLE as exc:  # it was readable a moment ago
-                raise CaprlError(f"{self.files[i].path}: changed while being captioned ({exc}); run again") from exc
-        pooled, grid = self.backbone(torch.stack([self.backbone.preprocess(img) for img in images]))
-        return pooled, grid if regions else grid[:, :0]
-
 
 def trained_features(ckpt_path: str, made_from: dict[str, Any], features_path: str | None,
                      backbone: str | None) -> dict[str, Any]:
@@ -184,7 +131,8 @@ def decode_settings(params: dict[str, Any], run: str, record: dict[str, Any], me
                     beam_size: int | None, overrides: Sequence[str], params_files: Sequence[str]) -> dict[str, Any]:
     """The run's ``decode:`` (:func:`caprl.evaluation.run.run_decode`) with ``--method``,
     ``--beam-size`` and each ``--decode KEY=VALUE`` (VALUE read as YAML) on top, checked
-    against the schema's ``decode:`` so an unknown key or a wrong type names itself."""
+    against the schema's ``decode:`` so an unknown key or a wrong type names itself, and for
+    options the decoder would ignore (:func:`caprl.decoding.options.options_problem`)."""
     decode = run_decode(params, run, record) if run else dict(params["decode"])
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -199,6 +147,10 @@ def decode_settings(params: dict[str, Any], run: str, record: dict[str, Any], me
     except CaprlError as exc:  # one line per key: made one line, as the CLI shows one
         raise CaprlError("; ".join(line.strip() for line in str(exc).splitlines()[1:])) from None
     DECODERS.get(decode["method"], where="decode.method")
+    problem = decode_options.options_problem(decode, "decode")  # an option its decoder would ignore: as the plan
+    if problem is not None:
+        raise CaprlError(f"{problem} [decode settings of run {run or '?'}: its decode: with --method, --beam-size "
+                         "and --decode on top]")
     return decode
 
 
@@ -225,30 +177,98 @@ def read_back(model: CaptionModel, ctx: Batch, tokens: torch.Tensor) -> tuple[to
     return logprob, torch.stack(maps, dim=1) if maps else None
 
 
-def caption_images(model: CaptionModel, features: ImageFeatures, vocab: Vocab, decode: dict[str, Any],
-                   batch_size: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every image's ``{"file", "path", "caption", "words", "logprob", "attention" [words, R] or None}``
-    by the decoder ``decode["method"]`` with every other ``decode`` setting and ``extra`` (lookahead's)."""
+def caption_batches(model: CaptionModel, files: Sequence[ImageFile], reader: BatchReader, vocab: Vocab,
+                    decode: dict[str, Any], batch_size: int,
+                    extra: dict[str, Any]) -> Iterator[tuple[list[dict[str, Any]], ReadBatch]]:
+    """Each batch of ``batch_size`` files read by ``reader`` (the next one read by a background
+    thread while this one decodes) and captioned on the model's device (eval mode, no gradient)
+    by the decoder ``decode["method"]`` with every other ``decode`` setting and ``extra``
+    (lookahead's): its readable images' ``{"file", "path", "caption", "words", "logprob",
+    "attention" [words, R] or None}``, and the batch read."""
     decoder = DECODERS.get(decode["method"], where="decode.method")
     # every decode: setting, and the words (the options that name words read them: remove_bad_endings)
     settings = {**{k: v for k, v in decode.items() if k != "method"}, "words": vocab.idx_to_word, **extra}
+    model.eval()
+    device = next(model.parameters()).device
+    chunks = [list(files[i : i + batch_size]) for i in range(0, len(files), batch_size)]
+    with torch.no_grad(), Prefetcher(reader, chunks, depth=1) as loaded:
+        for _, batch in tqdm(loaded, total=len(chunks), desc=f"caption ({decode['method']})", unit="batch",
+                             mininterval=2.0, disable=None):
+            if batch.pooled is None or batch.regions is None:
+                yield [], batch
+                continue
+            pooled = batch.pooled.to(device)
+            ctx = model.encode(pooled, batch.regions.to(device))
+            tokens = decoder(model, ctx, **settings, pooled=pooled)[:, 0]
+            logprob, attention = read_back(model, ctx, tokens)
+            results = []
+            for k, f in enumerate(batch.files):
+                words = vocab.decode(tokens[k].tolist())
+                maps = None if attention is None else attention[k, : len(words)].float().cpu().numpy()
+                results.append({"file": f.name, "path": str(f.path), "caption": " ".join(words), "words": words,
+                                "logprob": float(logprob[k]), "attention": maps})
+            yield results, batch
 
-    def decode_batch(m: CaptionModel, ctx: Batch, **batch: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        tokens = decoder(m, ctx, **settings, **batch)[:, 0]
-        return (tokens, *read_back(m, ctx, tokens))
 
-    results = []
-    ids = list(range(len(features.files)))
-    for batch_ids, (tokens, logprob, attention) in decoding.decode_split(
-            model, features.features_of, ids, decode_batch, batch_size, desc=f"caption ({decode['method']})",
-            pass_pooled=True):
-        for k, i in enumerate(batch_ids):
-            words = vocab.decode(tokens[k].tolist())
-            maps = None if attention is None else attention[k, : len(words)].float().cpu().numpy()
-            results.append({"file": features.files[i].name, "path": str(features.files[i].path),
-                            "caption": " ".join(words), "words": words, "logprob": float(logprob[k]),
-                            "attention": maps})
-    return results
+JSON_KEYS = ("file", "path", "caption", "logprob")  # of each caption in --out
+
+
+class CaptionsJson:
+    """``--out`` written to ``out`` (an open text file) as the batches come: :meth:`add` each
+    caption, then :meth:`finish` with the skipped files and ``made_by``."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out, self.count = out, 0
+        out.write('{"captions": [')
+
+    def add(self, caption: dict[str, Any]) -> None:
+        self.out.write(("\n " if self.count == 0 else ",\n ") + json.dumps({k: caption[k] for k in JSON_KEYS}))
+        self.count += 1
+
+    def finish(self, skipped: Sequence[dict[str, str]], made_by: dict[str, Any]) -> None:
+        self.out.write(f'\n],\n "skipped": {json.dumps(list(skipped), indent=1)},\n '
+                       f'"made_by": {json.dumps(made_by, indent=1)}\n}}\n')
+
+
+def check_output(path: str | None, option: str) -> None:
+    """A CaprlError, before any work, for an output path that cannot hold a file: a folder is
+    there, or a file is where one of its folders should be."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise CaprlError(f"{option} {path}: a folder is there; give a file path (e.g. {target / target.name}); "
+                         "nothing was written")
+    folder = next((p for p in target.parents if os.path.lexists(p)), None)
+    if folder is not None and not folder.is_dir():
+        raise CaprlError(f"{option} {path}: {folder} is a file, not a folder, so it cannot hold {target.name}; "
+                         "give a path in a folder; nothing was written")
+
+
+@contextlib.contextmanager
+def both_or_neither(out: str, html: str | None) -> Iterator[tuple[IO[str], IO[str] | None]]:
+    """``--out`` and ``--html`` (None: no page) open for writing as temporary files beside their
+    targets (:func:`caprl.io.atomic_path`: made now, so a folder that cannot hold them fails
+    before any work), both put in place when the body succeeds, neither when anything fails: the
+    page is put in place first, and removed again if the JSON then cannot be (a CaprlError
+    naming the path that failed)."""
+    page_placed = body_done = False
+    try:
+        with io.atomic_path(out) as json_tmp:
+            with io.atomic_path(html) if html else contextlib.nullcontext(None) as page_tmp:
+                with open(json_tmp, "w", encoding="utf-8") as json_out, \
+                        open(page_tmp, "w", encoding="utf-8") if page_tmp else contextlib.nullcontext(None) as page:
+                    yield json_out, page
+                body_done = True
+            page_placed = html is not None
+    except BaseException as exc:
+        if page_placed and html:  # without the JSON it was made with
+            Path(html).unlink(missing_ok=True)
+        if body_done and isinstance(exc, OSError):  # a rename (a write's failure is a WriteError already)
+            where = exc.filename2 or exc.filename or out
+            written = f"neither {out} nor {html} was written" if html else "nothing was written"
+            raise CaprlError(f"{where}: could not be put in place ({exc.strerror or exc}); {written}") from exc
+        raise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -266,10 +286,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam-size", type=int, help="decode.beam_size")
     parser.add_argument("--decode", action="append", default=[], metavar="KEY=VALUE",
                         help="any other decode: setting (repeatable), VALUE as YAML, e.g. --decode max_length=12")
-    parser.add_argument("--batch-size", type=int, help="images per batch (default: evaluate.batch_size)")
+    parser.add_argument("--batch-size", type=int, help="images read, captioned and written at a time: the memory "
+                                                        "a run holds (default: evaluate.batch_size)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: the GPU if there is one)")
     parser.add_argument("--out", required=True, help="output: the captions (JSON)")
-    parser.add_argument("--html", help="output: a self-contained page of the images and their captions")
+    parser.add_argument("--html", help="output: a self-contained page of the images (thumbnails) and their "
+                                       "captions; written with --out, both or neither")
 
 
 def load_checkpoint(args: argparse.Namespace, params: dict[str, Any]) -> tuple[str, checkpoint.Checkpoint, Vocab]:
@@ -301,6 +323,10 @@ def load_checkpoint(args: argparse.Namespace, params: dict[str, Any]) -> tuple[s
 
 
 def main(args: argparse.Namespace) -> None:
+    check_output(args.out, "--out")  # before any work: both outputs or neither
+    check_output(args.html, "--html")
+    if args.html and identity(Path(args.html)) == identity(Path(args.out)):
+        raise CaprlError(f"--html {args.html} is --out {args.out}: give the page and the captions two paths")
     params = params_mod.load(args.params)
     settings = EvalSettings.from_params(params)  # every setting this job reads, resolved once
     torch.set_num_threads(settings.num_threads)
@@ -323,25 +349,37 @@ def main(args: argparse.Namespace) -> None:
     model = checkpoint.model_from_checkpoint(ckpt).to(device)
     value = value_from_checkpoint(ckpt, where=ckpt_path)
     value = value.to(device).eval() if value is not None else None
+    extra = decoder_settings(settings, run_checks.decode_key(params, run), run, decode["method"], value)
 
-    torch.manual_seed(settings.seed)  # a sampling decoder gives the same captions on every run
-    files, skipped = readable_images(find_images(args.images))
-    if not files:
-        raise CaprlError(f"--images {' '.join(args.images)}: none of the {len(skipped)} files is a readable image")
-    log.info("%d images (%d skipped), run %s, backbone %s, decode %s", len(files), len(skipped), run or "?",
-             backbone.name, decode)
-    captions = caption_images(model, ImageFeatures(files, backbone), vocab, decode, batch_size,
-                              decoder_settings(settings, run_checks.decode_key(params, run), run, decode["method"],
-                                               value))
+    files = find_images(args.images)
+    log.info("%d image files, run %s, backbone %s, decode %s, %d per batch", len(files), run or "?", backbone.name,
+             decode, batch_size)
     made_by = {"checkpoint": str(ckpt_path), "run": run, "dataset": ckpt.run["dataset"],
                "method": ckpt.run.get("method"), "model": ckpt.run.get("model"),
                "backbone": {"name": backbone.name, "settings": trained["settings"]}, "decode": decode,
                "images": list(args.images), "code_version": checkpoint.code_version(),
                "trained_with": ckpt.code_version}
-    result = {"captions": [{k: c[k] for k in ("file", "path", "caption", "logprob")} for c in captions],
-              "skipped": skipped, "made_by": made_by}
-    page = caption_page.run_page(result, captions, grid=backbone.grid) if args.html else None  # before any write
-    io.write_json(args.out, result)
-    if page is not None:
-        io.write_text(args.html, page)
-    log.info("%d captions -> %s%s", len(captions), args.out, f", {args.html}" if args.html else "")
+    torch.manual_seed(settings.seed)  # a sampling decoder gives the same captions on every run
+    reader = BatchReader(backbone, regions=model.reads_regions, page=bool(args.html))
+    skipped: list[dict[str, str]] = []
+    with both_or_neither(args.out, args.html) as (json_out, page_out):
+        captions = CaptionsJson(json_out)
+        page = caption_page.RunPage(page_out, backbone.grid, Path(args.html).parent) if page_out else None
+        try:
+            for results, batch in caption_batches(model, files, reader, vocab, decode, batch_size, extra):
+                skipped += batch.skipped
+                for k, c in enumerate(results):
+                    captions.add(c)
+                    if page is not None:
+                        page.add(c, batch.views[k])
+            if captions.count == 0:
+                raise CaprlError(f"--images {' '.join(args.images)}: none of the {len(skipped)} files is a readable "
+                                 "image; nothing was written")
+            captions.finish(skipped, made_by)
+            if page is not None:
+                page.finish(made_by, skipped)
+        finally:
+            if page is not None:
+                page.close()
+    log.info("%d captions (%d files skipped) -> %s%s", captions.count, len(skipped), args.out,
+             f", {args.html}" if args.html else "")

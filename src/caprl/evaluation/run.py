@@ -1,5 +1,10 @@
 """``caprl evaluate``: beam-search captions of a split, scored with the official metrics.
 
+The run's ``decode:`` is checked as the plan (``snakemake -n``) checks it, in the same words
+(:func:`caprl.decoding.options.run_options_problem`): an option its decoder would ignore (``top_p``
+with beam search, ``groups`` with greedy, a length penalty with sampling, ...) is an error naming
+the run and the key.
+
 A run whose checkpoint holds a value network (paper 003's ``actor_critic``) may be decoded by
 lookahead inference (``decode.method: lookahead``, :mod:`caprl.decoding.lookahead`); with
 ``evaluate.lookahead`` set, its lookahead captions are also scored, beside the main decoding's,
@@ -11,6 +16,11 @@ the share of them that is no training caption (:mod:`caprl.evaluation.vocabulary
 
 The score file's ``clip_score`` (``evaluate.clip_score``, per dataset): CLIP-S and RefCLIP-S of the
 evaluated captions in the dataset's embedding (:mod:`caprl.evaluation.clip_score`).
+
+The score file's ``validation`` (every run): the validation numbers of the epoch the checkpoint
+holds, read from the checkpoint itself (:mod:`caprl.evaluation.validation`): paper 004's tables
+choose their operating points on them. A checkpoint of another run or dataset than the job's is
+refused (:func:`check_checkpoint`).
 
 With ``evaluate.greedy`` set, the greedy captions (the decoding that best-epoch selection
 validates with) are scored too, by the official CIDEr-D, into ``greedy``: RL methods gain most
@@ -39,7 +49,7 @@ from caprl.decoding import lookahead  # noqa: F401  (registers the lookahead dec
 from caprl.decoding import DECODERS
 from caprl.errors import CaprlError
 from caprl.decoding import options as decode_options
-from caprl.evaluation import degenerate
+from caprl.evaluation import degenerate, validation
 from caprl.evaluation.clip_score import SECTION as CLIP_SCORE, clip_score_report
 from caprl.metrics.embeddings import EmbeddingInputs, add_embedding_arguments
 from caprl.evaluation.diversity import TABLE4_PRECISION, official_cider_d, set_scores
@@ -138,6 +148,8 @@ def main(args: argparse.Namespace) -> None:
     captured.set_enabled(settings.cuda_graphs)  # greedy and beam decodes replayed on a GPU
     data = CaptionData.from_args(args, Loading.from_params(params))
     ckpt = checkpoint.load(args.checkpoint, vocab_sha256=data.vocab.sha256)
+    check_checkpoint(ckpt.run, args.run, args.dataset, args.checkpoint)
+    val = validation.section(ckpt.position, args.checkpoint)  # refuses a history without its best epoch
     provenance.check_model_inputs(args.checkpoint, ckpt.made_from, args.features, data.features.attrs,
                                   args.annotations, data.annotations)
     model = checkpoint.model_from_checkpoint(ckpt).to(default_device())
@@ -151,6 +163,7 @@ def main(args: argparse.Namespace) -> None:
         raise CaprlError(f"{args.refs} has no references for {len(missing)} {split} images (e.g. {missing[:3]}): "
                          "rebuild it with `caprl references` from the same annotations")
     decode = run_decode(params, args.run, ckpt.run)
+    run_checks.refuse(decode_options.run_options_problem(params, args.run, decode))  # the plan's words
     key = run_checks.decode_key(params, args.run)  # the params key that sets the run's decoder
     if ckpt.run.get("method"):  # what the plan refuses too (caprl.objectives.run_checks)
         run_checks.refuse(run_checks.decoder_problem(args.run, ckpt.run["method"], decode["method"], key))
@@ -189,7 +202,8 @@ def main(args: argparse.Namespace) -> None:
                             "best_epoch": (ckpt.position or {}).get("best_epoch"),
                             "beam_size": decode["beam_size"], "code_version": ckpt.code_version,
                             "made_from": ckpt.made_from}  # what its model learnt from (caprl.io.provenance)
-    extra: dict[str, Any] = {"warnings": degenerate.check(captions, args.run, split),  # collapsed outputs
+    extra: dict[str, Any] = {validation.SECTION: val,  # the checkpoint's own epoch: its point on validation
+                             "warnings": degenerate.check(captions, args.run, split),  # collapsed outputs
                              "vocabulary": caption_stats(captions, training_captions(data.annotations))}
     if sets is not None:
         extra["diversity"] = diversity_report(model, data, ids, references, settings, sets)
@@ -203,6 +217,16 @@ def main(args: argparse.Namespace) -> None:
         extra[CLIP_SCORE] = clip
     score_and_record(params, args.run, info, captions, references, args.out_captions, args.out_scores,
                      args.out_examples, extra=extra, train_run_id=ckpt.mlflow_run_id)
+
+
+def check_checkpoint(record: dict[str, Any], run: str, dataset: str, where: str) -> None:
+    """Refuse a checkpoint whose run record names another run or dataset than the job's ``--run`` /
+    ``--dataset`` (its score file, validation numbers included, would be filed under the wrong run).
+    A record without a name or dataset (a checkpoint not written by ``caprl train``) is not checked."""
+    for key, flag, want in (("name", "--run", run), ("dataset", "--dataset", dataset)):
+        if record.get(key) not in (None, want):
+            raise CaprlError(f"{where}: a checkpoint of {'run' if key == 'name' else 'dataset'} '{record[key]}', "
+                             f"not of {flag} {want}")
 
 
 def greedy_report(model: CaptionModel, data: CaptionData, image_ids: list[int], references: dict[int, list[str]],

@@ -7,7 +7,11 @@
 * ``psst_fig4.png`` (Fig. 4): R@10 (%) at a fixed CIDEr-D (``discriminative.operating_points.
   <dataset>.rho_cider``; auto: the highest CIDEr-D every ρ curve reaches) against ρ, one line
   per PSST method. Where no PSST run has ρ = 0, the matching ST method's curve stands for it
-  (ST = PSST with ρ = 0: the same objective).
+  (ST = PSST with ρ = 0: the same objective). Read as the table ``psst_rho`` reads it
+  (:func:`caprl.tables.operating.rho_reading`): ``auto`` is chosen on the validation curves
+  (each score file's ``validation``, :mod:`caprl.evaluation.validation`) and the test R@10 read
+  where each validation curve reaches it; on the test curves only for score files without
+  validation numbers (the title says which).
 
 Runs come from params.yaml by method and options (:mod:`caprl.tables.operating`); numbers from
 ``<results-dir>/<run>/scores.json`` and ``retrieval.json``. Drawn on matplotlib's Agg canvas,
@@ -28,9 +32,9 @@ from matplotlib.figure import Figure
 from caprl import params as params_mod
 from caprl.io import atomic_path
 from caprl.tables.build import Scores, load_scores, portable
-from caprl.tables.operating import (FROZEN, FROZEN_LABELS, METHOD_LABELS, PSST_METHODS, Point,
+from caprl.tables.operating import (FROZEN, FROZEN_LABELS, METHOD_LABELS, PSST_METHODS, VAL, Point,
                                     curve, family_points, family_runs, interpolate, method_points, models_of,
-                                    operating_point, overlap_value, rho_curves, table_rho)
+                                    rho_reading, table_rho)
 from caprl.tables.psst_numbers import OPERATING_POINTS
 
 log = logging.getLogger(__name__)
@@ -113,13 +117,11 @@ def fig3(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:
 
 
 def fig4(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:
-    """Paper 004 Fig. 4: R@10 at a fixed CIDEr-D against ρ, one line per PSST method."""
-    points = [p for p in family_points(params, dataset, scores) if p.complete]
-    models = models_of(params, points) or [None]
-    curves = {(method, model): rho_curves(points, method, model) for model in models for method in PSST_METHODS}
-    op = operating_point(params, dataset, "rho_cider",
-                         lambda: overlap_value(c for per_rho, _ in curves.values() for c in per_rho.values()),
-                         OPERATING_POINTS.get(dataset, {}).get("rho_cider"))
+    """Paper 004 Fig. 4: R@10 at a fixed CIDEr-D against ρ, one line per PSST method (the operating
+    point and the curves of :func:`caprl.tables.operating.rho_reading`, as the table psst_rho's)."""
+    points = family_points(params, dataset, scores)
+    models = models_of(params, [p for p in points if p.complete]) or [None]
+    curves, op = rho_reading(params, dataset, points, models, OPERATING_POINTS.get(dataset, {}).get("rho_cider"))
     fig = Figure(figsize=(7.2, 5.2))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
@@ -145,7 +147,9 @@ def fig4(params: dict[str, Any], dataset: str, scores: Scores) -> Figure:
     ax.grid(alpha=0.3)
     cider = "none" if op.value is None else f"{op.value:.3g}"
     same = op.paper is not None and op.value is not None and abs(op.paper - op.value) < 1e-9
-    how = "auto: the highest every ρ curve reaches" if op.auto else "the paper's value" if same else "params.yaml"
+    how = ("the paper's value" if same else "params.yaml") if not op.auto else (
+        "auto, on validation: the highest val CIDEr-D every ρ curve reaches;\ntest R@10 read where each validation "
+        "curve reaches it" if op.split == VAL else "auto: the highest every ρ curve reaches")
     ax.set_title(f"{dataset}: R@10 at a fixed CIDEr-D vs ρ (paper 004 Fig. 4)\nCIDEr-D = {cider} ({how})",
                  fontsize=10)
     if borrowed:

@@ -21,6 +21,22 @@ repository has is used. Maven Central has ``.sha1`` and ``.md5`` beside every fi
 stronger ones only for some newer artifacts. A checksum from the same server catches a damaged,
 truncated or wrong file, not a forged one (the ``.asc`` PGP signatures are not checked).
 
+Pinned digests: :data:`PINNED` holds, per jar, digests written into this code (``sha256``,
+``sha1``, ...); each is checked too, whatever the repository publishes, so a mirror or proxy that
+serves another file with a matching checksum beside it is refused (the file deleted, nothing
+installed), and so is a jar already in the destination that does not match. A jar without a
+pinned digest is checked against its repository's checksum only, with a warning. Today the table
+is empty: no authoritative digest of the 3.6.0 jars could be read where this was written (no route
+to Maven Central; no public lock file found that pins them), and none was guessed. To pin them, on
+a machine that reaches Maven Central::
+
+    curl -sO https://repo1.maven.org/maven2/edu/stanford/nlp/stanford-corenlp/3.6.0/stanford-corenlp-3.6.0.jar
+    curl -s  https://repo1.maven.org/maven2/edu/stanford/nlp/stanford-corenlp/3.6.0/stanford-corenlp-3.6.0.jar.sha1
+    sha1sum stanford-corenlp-3.6.0.jar && sha256sum stanford-corenlp-3.6.0.jar   # and the same for -models.jar
+
+and enter both digests of each jar (the sha1 equal to Maven Central's ``.sha1``) in :data:`PINNED`.
+:func:`install` takes the table as an argument (``pinned``): the tests pin their own jars' digests.
+
 Network: the standard library's urllib only, which honours ``HTTPS_PROXY``, ``HTTP_PROXY`` and
 ``NO_PROXY``. A mirror or a repository manager that proxies Maven Central: ``--repo URL`` or
 ``$CAPRL_MAVEN_REPO``. Where no repository can be reached, the error says which two files to
@@ -41,6 +57,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -60,6 +77,9 @@ ARTIFACT = "edu.stanford.nlp:stanford-corenlp:3.6.0"
 ARTIFACT_PATH = "edu/stanford/nlp/stanford-corenlp/3.6.0"
 #: the checksums Maven repositories publish beside a file, strongest first: name -> hex digits
 DIGESTS = {"sha512": 128, "sha256": 64, "sha1": 40, "md5": 32}
+#: jar name -> {algorithm: hex digest} of Maven Central's file, written into this code and checked
+#: beside the repository's own checksum (module docstring): empty, as no authoritative value was found
+PINNED: dict[str, dict[str, str]] = {}
 
 
 @dataclass(frozen=True)
@@ -116,9 +136,19 @@ def manual_route(repo: str, dest: Path) -> str:
             f"with --repo URL or ${REPO_ENV}")
 
 
+def pins_of(name: str, pinned: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """``name``'s pinned digests ({algorithm: lower-case hex}); CaprlError for a malformed entry."""
+    pins = {algo: value.lower() for algo, value in pinned.get(name, {}).items()}
+    for algo, value in pins.items():
+        if algo not in DIGESTS or len(value) != DIGESTS[algo] or not set(value) <= set(string.hexdigits):
+            raise CaprlError(f"the pinned {algo} of {name} ({value!r}) is not a {'/'.join(DIGESTS)} hex digest")
+    return pins
+
+
 def install(dest: str | os.PathLike[str], repo: str | None = None, download_dir: str | os.PathLike[str] | None = None,
-            network: Network = Network()) -> list[Path]:
-    """Download, verify and install both CoreNLP jars into ``dest`` (module docstring); their paths."""
+            network: Network = Network(), pinned: Mapping[str, Mapping[str, str]] = PINNED) -> list[Path]:
+    """Download, verify and install both CoreNLP jars into ``dest`` (module docstring); their paths.
+    ``pinned``: each jar's digests that must match whatever the repository publishes (:data:`PINNED`)."""
     if network.retries < 0 or network.backoff < 0 or network.timeout <= 0:
         raise CaprlError(f"--retries must be >= 0 (got {network.retries}), --backoff >= 0 (got {network.backoff}) "
                          f"and --timeout > 0 (got {network.timeout})")
@@ -135,13 +165,17 @@ def install(dest: str | os.PathLike[str], repo: str | None = None, download_dir:
     try:
         downloaded: dict[str, Path] = {}
         for name, url in jar_urls(repo).items():
+            pins = pins_of(name, pinned)
+            if not pins:
+                log.warning("%s has no pinned digest in caprl: it is checked against %s's own checksum only", name, repo)
             size = _probe(url, network, hint)
             algo, want = published_checksum(url, network, hint)
             target = dest / name
-            if target.is_file() and _digest(target, algo) == want:
-                log.info("%s is already installed (its %s matches %s.%s)", target, algo, url, algo)
+            if target.is_file() and _matches(_digests(target, {algo, *pins}), {algo: want}, pins):
+                log.info("%s is already installed (its %s matches %s.%s%s)", target, algo, url, algo,
+                         f" and its pinned {', '.join(pins)}" if pins else "")
                 continue
-            downloaded[name] = _download(url, cache / name, algo, want, size, network, hint)
+            downloaded[name] = _download(url, cache / name, algo, want, pins, size, network, hint)
         for name, path in downloaded.items():  # both verified: now into the destination, each by one rename
             with io.atomic_path(dest / name) as tmp:
                 shutil.move(str(path), str(tmp))
@@ -224,12 +258,19 @@ def published_checksum(url: str, network: Network, hint: str) -> tuple[str, str]
                      f"could not be verified; the mirror may lack the artifact {ARTIFACT}: check --repo, or {hint}")
 
 
-def _digest(path: Path, algo: str) -> str:
-    return hash_file(path, {algo: hashlib.new(algo)})[algo]
+def _matches(got: dict[str, str], *wanted: dict[str, str]) -> bool:
+    return all(got[algo] == value for want in wanted for algo, value in want.items())
 
 
-def _download(url: str, cached: Path, algo: str, want: str, size: int | None, network: Network, hint: str) -> Path:
-    """``url`` into ``cached`` (resumed from ``cached.part``), checked against ``want``; the bad file deleted."""
+def _digests(path: Path, algos: set[str]) -> dict[str, str]:
+    """Every digest of ``algos`` of ``path``, in one read."""
+    return hash_file(path, {algo: hashlib.new(algo) for algo in sorted(algos)})
+
+
+def _download(url: str, cached: Path, algo: str, want: str, pins: dict[str, str], size: int | None,
+              network: Network, hint: str) -> Path:
+    """``url`` into ``cached`` (resumed from ``cached.part``), checked against the published ``want`` and
+    every pinned digest of ``pins``; the bad file deleted."""
     part = part_path(cached)
     have = part.stat().st_size if part.is_file() else 0
     if have:
@@ -242,13 +283,21 @@ def _download(url: str, cached: Path, algo: str, want: str, size: int | None, ne
     except DownloadError as exc:
         kept = f"; the bytes received are kept in {part}" if part.is_file() else ""
         raise CaprlError(f"{exc}{kept}: run `caprl setup-spice` again to resume, or {hint}") from None
-    got = _digest(cached, algo)
-    if got != want:
+    got = _digests(cached, {algo, *pins})
+    if got[algo] != want:
         cached.unlink(missing_ok=True)
         raise ChecksumError(f"{cached}: {algo} mismatch: {url}.{algo} says {want}, the downloaded file hashes to "
-                            f"{got}; the bad file was deleted. Run `caprl setup-spice` again; if it fails again the "
-                            f"repository serves a damaged file: use another --repo, or {hint}")
-    log.info("%s: %s verified (%s)", cached.name, algo, want)
+                            f"{got[algo]}; the bad file was deleted. Run `caprl setup-spice` again; if it fails again "
+                            f"the repository serves a damaged file: use another --repo, or {hint}")
+    for pin, value in pins.items():
+        if got[pin] != value:
+            cached.unlink(missing_ok=True)
+            raise ChecksumError(f"{cached}: {pin} mismatch against the digest caprl pins for {cached.name}: pinned "
+                                f"{value}, the downloaded file hashes to {got[pin]} (its {algo} matches {url}.{algo}: "
+                                f"the repository serves another file than Maven Central's {ARTIFACT}); the file was "
+                                f"deleted and nothing installed. Use another --repo, or {hint}")
+    log.info("%s: %s verified (%s)%s", cached.name, algo, want,
+             f"; pinned {', '.join(f'{k} {v}' for k, v in pins.items())} verified" if pins else "")
     return cached
 
 

@@ -7,7 +7,10 @@ the configuration that made it, the code version, and â€” for the resume state â
 position in the data, the optimiser and the RNG states (CPU and CUDA) of every process.
 
 On disk it is a dict of tensors and plain Python containers only, so it loads with
-``torch.load(..., weights_only=True)``; :func:`load` refuses a different vocabulary.
+``torch.load(..., weights_only=True)``; :func:`load` refuses a different vocabulary, and reads a
+caption model written before its architecture gained an option (:data:`LATER_OPTIONS`) as the model
+it was trained with. :func:`load_weights` starts a run's module from a record, refusing another
+architecture or other sizes in words that name the run and the file.
 """
 
 from __future__ import annotations
@@ -25,10 +28,16 @@ import torch
 
 from caprl.errors import CaprlError, WriteError
 from caprl.io import atomic_path, guess_write_errno, left_as_it_was, write_cause
-from caprl.models import CaptionModel, build_model
+from caprl.models import MODELS, CaptionModel, build_model, compat
 
 FORMAT = 2  # version of the on-disk layout below
 MODEL = "model"  # role of the caption model
+#: options a caption model's architecture gained after checkpoints of this format were written
+#: without them: arch -> option -> (the value every such older checkpoint was trained with, a weight
+#: only that value's model has, checked before it is assumed). fc's cell came in 0478804: before it
+#: Show-Tell's recurrence was torch's LSTMCell (cell: lstm; benchmarks/README.md, "SCST against
+#: self-critical.pytorch's own trainer"), whatever the cell params.yaml names now.
+LATER_OPTIONS: dict[str, dict[str, tuple[Any, str]]] = {"fc": {"cell": ("lstm", "lstm.weight_ih")}}
 
 
 @dataclass
@@ -69,7 +78,8 @@ class Checkpoint:
         if payload.get("format") != FORMAT:
             raise CaprlError(f"{where}: checkpoint format {payload.get('format')!r}, this caprl reads {FORMAT}: "
                              "retrain the run (delete its runs/<dataset>/<run>/ folder)")
-        modules = {name: ModuleRecord(**record) for name, record in payload["modules"].items()}
+        modules = {name: _with_later_options(ModuleRecord(**record), name, where)
+                   for name, record in payload["modules"].items()}
         fields = {f.name for f in dataclasses.fields(cls)} - {"modules"}
         return cls(modules=modules, **{k: v for k, v in payload.items() if k in fields})
 
@@ -77,6 +87,21 @@ class Checkpoint:
         if role not in self.modules:
             raise CaprlError(f"{where} holds no module '{role}' (it holds {', '.join(sorted(self.modules))})")
         return self.modules[role]
+
+
+def _with_later_options(record: ModuleRecord, role: str, where: str) -> ModuleRecord:
+    """``record`` with each of :data:`LATER_OPTIONS` it lacks (written before its architecture had
+    the option) set to the value it was trained with; refused where its weights are not that value's."""
+    for option, (value, weight) in LATER_OPTIONS.get(record.arch, {}).items():
+        if option in record.options:
+            continue
+        if weight not in record.state:
+            raise CaprlError(f"{where}: its {role} ({record.arch}) records no '{option}' option, so it was written "
+                             f"before caprl had one, when every {record.arch} was built with {option}: {value}; but "
+                             f"its weights are not that model's (no '{weight}'): retrain the run (delete its "
+                             "runs/<dataset>/<run>/ folder)")
+        record.options = {**record.options, option: value}
+    return record
 
 
 def record_of(module: torch.nn.Module, arch: str, options: dict[str, Any],
@@ -174,6 +199,48 @@ def model_from_checkpoint(ckpt: Checkpoint, role: str = MODEL) -> CaptionModel:
                         where="checkpoint")
     model.load_state_dict(record.state)
     return model
+
+
+def arch_of(model: CaptionModel) -> str:
+    """The ``caprl.models`` registry key of ``model``'s class ("" for a class registered under none)."""
+    return next((name for name, cls in MODELS.items() if type(model) is cls), "")
+
+
+def load_weights(module: torch.nn.Module, record: ModuleRecord, path: str | os.PathLike[str], run: str, role: str,
+                 source: str) -> None:
+    """Start run ``run``'s ``role`` module from ``record`` (that role of checkpoint ``path``, written by
+    run ``source``). A caption model of another architecture (:func:`caprl.models.compat.init_arch_problem`,
+    the plan's words) and weights whose names or shapes are not the module's are refused, naming the
+    run, the file and what differs, never with torch's ``size mismatch``."""
+    arch = arch_of(module) if isinstance(module, CaptionModel) else record.arch
+    if role == MODEL and arch:
+        problem = compat.init_arch_problem(run, role, source, record.arch, arch)
+        if problem is not None:
+            raise CaprlError(f"{path}: {problem}")
+    try:
+        module.load_state_dict(record.state)
+    except RuntimeError as exc:  # torch's missing / unexpected keys, size mismatch
+        differs = _differences(record, module)
+        if not differs:
+            raise
+        raise CaprlError(f"{path}: runs.{run}.init.{role}: the {record.arch} {role} of run {source} does not fit run "
+                         f"{run}'s ({differs}); give run {run}'s {role} the options of run {source}'s, or drop "
+                         f"init.{role} to train it from scratch") from exc
+
+
+def _differences(record: ModuleRecord, module: torch.nn.Module) -> str:
+    """What differs between ``record`` and ``module``: options (caption models), then weights' shapes and names."""
+    config = getattr(module, "config", None)
+    mine = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    parts = [f"{key} {record.options.get(key)!r} there, {value!r} here" for key, value in mine.items()
+             if record.options.get(key) != value]
+    want = module.state_dict()
+    parts += [f"{key} {list(record.state[key].shape)} there, {list(value.shape)} here" for key, value in want.items()
+              if key in record.state and record.state[key].shape != value.shape][:3]
+    missing, extra = [k for k in want if k not in record.state], [k for k in record.state if k not in want]
+    parts += [f"{what} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+              for what, keys in (("no weight", missing), ("unknown weight", extra)) if keys]
+    return "; ".join(parts)
 
 
 @lru_cache(maxsize=1)

@@ -30,10 +30,12 @@ from caprl.data.batch import Batch
 from caprl.decoding import Samples
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
+from caprl.objectives.init_optimizer import INIT_OPTIMIZERS
 from caprl.objectives.schedules import LR_SCHEDULES
 from caprl.registry import Registry
 
-__all__ = ["Batch", "Objective", "ObjectiveEnv", "Options", "OBJECTIVES", "build_objective", "one_of", "register_objective"]
+__all__ = ["Batch", "GREEDY_MODES", "GreedyMode", "Objective", "ObjectiveEnv", "Options", "OBJECTIVES",
+           "build_objective", "one_of", "register_objective"]
 
 
 class RewardFn(Protocol):
@@ -81,6 +83,9 @@ class Options:
     adam_beta1: float = field(default=0.9, kw_only=True)
     adam_beta2: float = field(default=0.999, kw_only=True)
     adam_eps: float = field(default=1e-8, kw_only=True)
+    # where a run with an init starts its Adam, a name of caprl.objectives.init_optimizer.INIT_OPTIMIZERS:
+    # carry (the init checkpoints' moments; SCP's tools/train.py --start_from) | fresh (caprl's former)
+    init_optimizer: str = one_of(lambda: INIT_OPTIMIZERS, default="fresh")
 
     @property
     def adam(self) -> dict[str, Any]:
@@ -136,6 +141,32 @@ class Options:
         ``lr_decay_rate ** (epoch // lr_decay_every)``, self-critical.pytorch's
         learning_rate_decay_every / _rate (x0.8 every 3 epochs), from epoch 0."""
         return LR_SCHEDULES.get(self.lr_schedule, where="lr_schedule")(self, epoch, step, d_model)
+
+
+@dataclass(frozen=True)
+class GreedyMode:
+    """How a self-critical objective decodes the greedy captions its baseline reads (option
+    ``greedy_mode``, a name of :data:`GREEDY_MODES`); always without gradient. ``training``: the
+    model's mode for the greedy pass (True: dropout on in the encoder, the feature embedding and
+    the decoder, fresh masks; False: none); ``own_encoding``: the images encoded again for it
+    (False: decoded from the samples' train-mode encoding)."""
+
+    training: bool
+    own_encoding: bool
+
+
+GREEDY_MODES: Registry[GreedyMode] = Registry("greedy baseline mode")
+# self-critical.pytorch, captioning/modules/loss_wrapper.py LossWrapper.forward (sc_flag):
+# model.eval(); with torch.no_grad(): the greedy caption (model(..., mode='sample') encodes the
+# features again); model.train(); then the samples
+GREEDY_MODES.add("eval", GreedyMode(training=False, own_encoding=True))
+# the authors' code of papers 000 and 004 (Stack-Captioning misc/rewards.py get_self_critical_reward;
+# DiscCaptioning models/JointModel.py forward; CooperativeImageCaptioning models/AlternatingJointModel.py
+# greedy_baseline, greedy_res_for_cider): model.sample(..., sample_max 1) with no .eval() before it,
+# the model in train mode since train.py's model.train()
+GREEDY_MODES.add("train", GreedyMode(training=True, own_encoding=True))
+# caprl's former decode (no source): the samples' train-mode encoding, the decoder in eval mode
+GREEDY_MODES.add("shared", GreedyMode(training=False, own_encoding=False))
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -218,20 +249,38 @@ class Objective(nn.Module):
 
     def greedy_and_samples(self, model: CaptionModel, batch: Batch, n: int, temperature: float = 1.0,
                            keep_entropy: bool = False, greedy: bool = True) -> tuple[Samples | None, Samples]:
-        """Self-critical decoding: the greedy captions (eval mode, no gradient; None, not decoded,
-        if not ``greedy``: a baseline that does not read them) and ``n`` samples per image (train
-        mode, differentiable), from one encoding of the images."""
-        ctx = model.encode(batch.pooled, batch.regions)
-        best = None
-        if greedy:
-            model.eval()
-            with torch.no_grad():  # replayed from a CUDA graph on a GPU (caprl.decoding.captured)
-                best = captured.run(model, ("greedy", self.env.max_length),
-                                    lambda c: decoding.sample(model, c, self.env.max_length, greedy=True), ctx)
+        """Self-critical decoding: ``n`` samples per image (train mode, differentiable) and the
+        greedy captions (:meth:`greedy_captions`; None, not decoded, if not ``greedy``: a baseline
+        that does not read them). The samples come first (the order of the authors' code), so
+        they draw the same dropout masks whatever the greedy pass does."""
         model.train()
+        ctx = model.encode(batch.pooled, batch.regions)
         samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise,
                                   keep_entropy=keep_entropy)
-        return best, samples
+        return (self.greedy_captions(model, batch, ctx) if greedy else None), samples
+
+    def greedy_captions(self, model: CaptionModel, batch: Batch, ctx: Any) -> Samples:
+        """The greedy caption of every image of ``batch``, without gradient, decoded as option
+        ``greedy_mode`` says (:data:`GREEDY_MODES`; the option is :class:`~caprl.objectives.baselines.
+        BaselineOptions`'); ``ctx``: the samples' train-mode encoding, which ``shared`` decodes from.
+        In eval mode the decode is replayed from a CUDA graph on a GPU (:mod:`caprl.decoding.captured`);
+        in train mode it runs eagerly (its dropout masks are new draws). Eval mode draws no random
+        numbers; train mode draws the masks from the global RNG (after the samples'). The model is
+        left in train mode."""
+        name = self.options.greedy_mode  # type: ignore[attr-defined]  # every reader's options have it
+        mode = GREEDY_MODES.get(name, where=f"{self.name}.greedy_mode")
+        length = self.env.max_length
+
+        def decode(c: Any) -> Samples:
+            return decoding.sample(model, c, length, greedy=True)
+
+        model.train(mode.training)
+        try:
+            with torch.no_grad():
+                own = model.encode(batch.pooled, batch.regions) if mode.own_encoding else ctx
+                return decode(own) if mode.training else captured.run(model, ("greedy", length), decode, own)
+        finally:
+            model.train()
 
     def mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Masked mean over the GLOBAL batch: with DDP (gradients averaged over processes)

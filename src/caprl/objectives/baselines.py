@@ -5,7 +5,9 @@ baseline takes option ``baseline`` (a key of :data:`BASELINES`; default: its pap
 
 * ``greedy`` (Rennie et al. 2017, SCST sec. 5: "the reward obtained by the current model
   under the inference algorithm used at test time", i.e. the greedy caption): b = r(greedy
-  caption of the image). The greedy captions are decoded (eval mode, no gradient) for it.
+  caption of the image). The greedy captions are decoded (no gradient) for it, in the mode of
+  option ``greedy_mode`` (:data:`caprl.objectives.base.GREEDY_MODES`: eval, SCP's; train, the
+  authors' code of papers 000 and 004; shared, caprl's former decode).
 * ``nsc`` (Luo 2020, "A Better Variant of Self-Critical Sequence Training", arXiv 2003.09971;
   Mnih & Rezende 2016's baseline): b_i = the mean reward of the image's OTHER n - 1 samples,
   ``r_i - (1/(n-1)) sum_{j != i} r_j``; needs n_samples >= 2 (Luo: 5). As self-critical.pytorch's
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 from caprl.errors import CaprlError
-from caprl.objectives.base import Options, one_of
+from caprl.objectives.base import GREEDY_MODES, Options, one_of
 from caprl.registry import Registry
 
 A = TypeVar("A", np.ndarray, torch.Tensor)
@@ -69,12 +71,17 @@ BASELINES.add("nsc", Baseline(greedy=False, min_samples=2, values=mean_of_others
 @dataclass
 class BaselineOptions(Options):
     """Options of a method with ``n_samples`` sampled captions per image and a REINFORCE baseline.
-    ``baseline`` has a default (the greedy caption, every such method's paper) only so that it
-    switches a later addition off (as XE's ``ss_start``); params.yaml shows it per method."""
+    ``baseline`` and ``greedy_mode`` have defaults (the greedy caption, every such method's paper;
+    caprl's former greedy decode) only so that they switch a later addition off (as XE's
+    ``ss_start``); params.yaml shows both per method."""
 
     n_samples: int  # samples per image
     #: a key of BASELINES: greedy (Rennie et al. 2017) | nsc (Luo 2020: the mean of the other samples)
     baseline: str = one_of(lambda: BASELINES, default="greedy")
+    #: how the greedy captions are decoded, a key of caprl.objectives.base.GREEDY_MODES: eval (SCP's:
+    #: encoded again, no dropout) | train (the authors' code of papers 000 and 004: dropout on) | shared
+    #: (caprl's former: the samples' train-mode encoding, an eval-mode decoder); read by baseline greedy
+    greedy_mode: str = one_of(lambda: GREEDY_MODES, default="shared")
 
     def check(self, where: str) -> None:
         super().check(where)

@@ -1,7 +1,9 @@
 """Coarse-to-fine RL (Stack-Cap, eq. 11-15): every fine stage's sample, normalised twice.
 
-One greedy pass (eval mode, no gradient) and one sampling pass (train mode) decode every
-stage at once, each stage reading its own previous word. For fine stage i = 1..Nf and
+One sampling pass (train mode) and one greedy pass (no gradient; option ``greedy_mode``,
+params.yaml: ``train``, dropout on, as the authors' Stack-Captioning misc/rewards.py
+``get_self_critical_reward`` calls ``model.sample`` with no ``.eval()``) decode every stage at
+once, each stage reading its own previous word. For fine stage i = 1..Nf and
 sample j of an image the relative reward is (eq. 15)
 
     dr_i = [r(sample_i) - r(greedy_i)] + [r(sample_i) - r(sample_{i-1})]

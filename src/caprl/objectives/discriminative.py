@@ -13,6 +13,10 @@ et al.'s code does; the paper only says "REINFORCE"), over ``n_samples`` samples
 multi-stage models are trained on their last stage (as :mod:`caprl.objectives.scst`). Option
 ``baseline`` (:data:`caprl.objectives.baselines.BASELINES`) can replace that greedy baseline
 (``nsc``: the mean of the image's other samples, no greedy decode; luo2018: of their mixed reward).
+The greedy captions are decoded as option ``greedy_mode`` says; params.yaml's ``train`` (dropout on)
+is the authors' code's: models/AlternatingJointModel.py ``greedy_baseline`` and
+``greedy_res_for_cider`` call ``caption_generator.sample`` with no ``.eval()`` (as Luo et al.'s
+DiscCaptioning models/JointModel.py ``forward``).
 
 **One meaning of lam.** Both terms are per caption, averaged over the captions of the global
 batch (DDP-correct: :meth:`ListenerObjective.caption_mean`): l_disc is the mean of eq. 4, and

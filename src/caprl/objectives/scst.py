@@ -8,7 +8,10 @@ is the paper's. ``baseline: nsc`` is Luo 2020's "new self-critical" (arXiv 2003.
 same objective with each sample baselined by the mean reward of its image's other samples and
 no greedy decode, as self-critical.pytorch runs it (``structure_loss_type: new_self_critical``
 changes only the baseline). So NSC is ``method: scst`` with ``options: {baseline: nsc}``, not
-a method of its own.
+a method of its own. Option ``greedy_mode`` (:data:`caprl.objectives.base.GREEDY_MODES`) says how
+the greedy captions are decoded: params.yaml's ``eval`` is SCP's (captioning/modules/loss_wrapper.py:
+``model.eval()``, the greedy caption under ``no_grad``, ``model.train()``, then the samples) and
+paper 002's (caption_competition gen_model/self_critique.py: the roll-out fed ``is_training`` False).
 
 ``sll`` is the same objective under the SLE paper's name (paper 002, "SLL": sequence-level
 learning, CIDEr-D, greedy baseline, s = 5 samples), so its tables find their runs by

@@ -107,22 +107,20 @@ class StraightThrough(Discriminative):
         return samples
 
     def decode(self, model: CaptionModel, batch: Batch) -> tuple[Samples | None, Samples, Samples]:
-        """From one encoding: the greedy captions (eval mode, no gradient; None if l_nat's
-        baseline does not read them), ``n_samples`` relaxed samples per image (train mode,
-        differentiable, ``Samples.soft`` filled) and the samples for l_nat (:meth:`nat_samples`)."""
+        """From one train-mode encoding: ``n_samples`` relaxed samples per image (train mode,
+        differentiable, ``Samples.soft`` filled) and the samples for l_nat (:meth:`nat_samples`);
+        then the greedy captions (:meth:`~caprl.objectives.base.Objective.greedy_captions`, no
+        gradient, option ``greedy_mode``; None if l_nat's baseline does not read them)."""
         n = self.options.n_samples
-        ctx = model.encode(batch.pooled, batch.regions)
-        greedy = None
-        if BASELINES[self.options.baseline].greedy:
-            model.eval()
-            with torch.no_grad():
-                greedy = decoding.sample(model, ctx, self.env.max_length, greedy=True)
         model.train()
+        ctx = model.encode(batch.pooled, batch.regions)
         rows = len(batch.image_ids) * n
         estimator = ESTIMATORS[self.estimator](self.options.tau)
         samples = decoding.sample(model, ctx, self.env.max_length, n=n, estimator=estimator,
                                   relaxed=self.relaxed(rows, batch, batch.pooled.device), feed=self.feed())
-        return greedy, samples, self.nat_samples(model, ctx, batch, samples)
+        nat = self.nat_samples(model, ctx, batch, samples)
+        greedy = self.greedy_captions(model, batch, ctx) if BASELINES[self.options.baseline].greedy else None
+        return greedy, samples, nat
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         n, lam = self.options.n_samples, self.options.lam

@@ -4,8 +4,9 @@
 :class:`Reward`: ``reward(image_ids, captions) -> np.ndarray[float64]``, captions being
 lists of words tokenised like the references.
 ``build_configured_reward(name, params, references, document_frequencies)`` builds the
-reward ``params["rewards"][name]`` configures; ``reward_unavailable_reason(name, params)``
-says (cheaply, no JVM) why it cannot run here, or None.
+reward ``params["rewards"][name]`` configures over a split's :class:`RewardReferences` (the
+captions, and the labels SCP's reward reads: its ``eos`` option); ``reward_unavailable_reason(name,
+params)`` says (cheaply, no JVM) why it cannot run here, or None.
 """
 
 from caprl.rewards.base import Reward
@@ -18,7 +19,7 @@ from caprl.rewards.document_frequencies import (
     references_from_annotations,
     save_document_frequencies,
 )
-from caprl.rewards.references import ReferenceSet
+from caprl.rewards.references import ReferenceSet, RewardReferences
 from caprl.rewards.registry import MIXES, available_rewards, build_mix, build_reward
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "DocumentFrequencies",
     "ReferenceSet",
     "Reward",
+    "RewardReferences",
     "available_rewards",
     "build_configured_reward",
     "build_mix",

@@ -11,16 +11,21 @@ Per candidate c and reference r of its image, for each n-gram order n (1-4), wit
 where lengths are the number of bigrams (what ``CiderScorer.counts2vec`` counts) and a
 zero norm leaves the dot product undivided, exactly as pycocoevalcap does.
 
-:class:`EndOfCaption` counts the end of a caption as a word (self-critical.pytorch's reward:
-``utils/rewards.py``'s ``array_to_str`` keeps the end token 0 of every sampled caption and
-reference, and ``scripts/prepro_ngrams.py`` appends ``<eos>`` to every reference of the
-document-frequency corpus), so a caption that stops mid-phrase loses the reference's
-"last word, end" n-grams. Rennie et al. (2017) do not say; their code's practice decides.
+:class:`EndOfCaption` counts the end of a caption as a word: self-critical.pytorch's reward text
+(``captioning/utils/rewards.py`` ``array_to_str`` writes each sampled caption and each reference
+with the end token 0 where it has one, ``scripts/prepro_ngrams.py`` appends ``<eos>`` to every
+caption of the document-frequency corpus), as the authors' code of papers 000 and 004 has it
+(gujiuxiang/Stack-Captioning and ruotianluo/DiscCaptioning, ``misc/rewards.py`` ``array_to_str``).
+A caption that stops mid-phrase then loses the reference's "last word, end" n-grams. The references
+are SCP's ``data['gts']``: the label arrays, clipped to ``seq_length`` by ``prepro_labels.py`` and
+zero-padded, so a label as long as the array has no end (:class:`EndToken`). Rennie et al. (2017)
+do not say; their code's practice decides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -95,30 +100,53 @@ def ended(captions: Sequence[Sequence[str]], max_length: int) -> list[list[str]]
     return [[*c, END] if len(c) < max_length else list(c) for c in captions]
 
 
-def ended_references(references: Mapping[int, Sequence[Sequence[str]]], max_length: int,
+@dataclass(frozen=True)
+class EndToken:
+    """Where the end counts as a word (SCP's ``array_to_str``): after a sampled caption shorter than
+    ``candidate_length`` (the decode's limit: one that ran to it never emitted its end) and after a
+    reference shorter than ``reference_length`` (the label arrays' width, ``vocab.max_length``: a
+    label row as wide as the array holds no 0). ``corpus``: the captions whose documents, each with
+    the end, give CIDEr-D's document frequencies (``prepro_ngrams.py``: every full training caption,
+    rare words UNK); None: the references."""
+
+    candidate_length: int
+    reference_length: int
+    corpus: Mapping[int, Sequence[Sequence[str]]] | None = None
+
+
+def ended_references(references: Mapping[int, Sequence[Sequence[str]]], end: EndToken,
                      document_frequencies: DocumentFrequencies | None) -> ReferenceSet:
-    """References with the end counted (those shorter than ``max_length``: SCP's references are
-    its labels, clipped to ``seq_length``) over document frequencies of the same corpus with
-    ``<eos>`` after every caption (``prepro_ngrams.py``). The frequencies are recomputed from
-    ``references``: the corpus ``caprl cider-df`` counts (the training split's references),
-    checked by its number of documents."""
-    df = compute_document_frequencies({i: [[*r, END] for r in refs] for i, refs in references.items()})
+    """References with the end counted (:class:`EndToken`) over document frequencies of
+    ``end.corpus`` (else the references) with ``<eos>`` after every caption (``prepro_ngrams.py``).
+    The frequencies are recomputed; ``document_frequencies`` (the corpus ``caprl cider-df`` counts,
+    the training split's references) is checked to count as many documents."""
+    corpus = references if end.corpus is None else end.corpus
+    df = compute_document_frequencies({i: [[*r, END] for r in refs] for i, refs in corpus.items()})
     if document_frequencies is not None and document_frequencies.num_documents != df.num_documents:
         raise CaprlError(f"CIDEr-D with end tokens: the document frequencies count {document_frequencies.num_documents} "
                          f"images, the reward's references {df.num_documents}; they must be one corpus "
                          "(`caprl cider-df --split train`)")
-    return ReferenceSet({i: ended(refs, max_length) for i, refs in references.items()}, df)
+    return ReferenceSet(ended_map(references, end.reference_length), df)
+
+
+def ended_map(references: Mapping[int, Sequence[Sequence[str]]],
+              reference_length: int) -> dict[int, list[list[str]]]:
+    """Every image's references with the end where they have it (:func:`ended`)."""
+    return {i: ended(refs, reference_length) for i, refs in references.items()}
 
 
 class EndOfCaption(Reward):
-    """CIDEr-D with the end of each caption counted as a word (see the module's docstring)."""
+    """A reward of the captions with their end counted as a word (the module's docstring): ``inner``
+    was built on references with the end (:func:`ended_references`)."""
 
-    name = "cider_d"
-
-    def __init__(self, references: ReferenceSet, max_length: int, sigma: float = 6.0) -> None:
-        self.inner = CiderD(references, sigma)
-        self.max_length = int(max_length)
+    def __init__(self, inner: Reward, candidate_length: int) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.candidate_length = int(candidate_length)
 
     def __call__(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
         self.check_batch(image_ids, captions)
-        return self.inner(image_ids, ended(captions, self.max_length))
+        return self.inner(image_ids, ended(captions, self.candidate_length))
+
+    def close(self) -> None:
+        self.inner.close()

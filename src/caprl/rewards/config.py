@@ -3,9 +3,10 @@
 Each entry names one reward instance; objectives refer to it by that name::
 
     rewards:
-      cider_d: {kind: cider_d}                      # option: sigma
-      bcmr:    {kind: mix, weights: {bleu4: 0.25, cider_d: 0.25, meteor: 0.25, rouge_l: 0.25}}
-      spider:  {kind: mix, weights: {cider_d: 0.5, spice: 0.5}}
+      cider_d: {kind: cider_d, eos: true}           # options: sigma, eos
+      cider_d_noeos: {kind: cider_d, eos: false}
+      bcmr:    {kind: mix, weights: {bleu4: 0.25, cider_d: 0.25, meteor: 0.25, rouge_l: 0.25}, eos: true}
+      spider:  {kind: mix, weights: {cider_d: 0.5, spice: 0.5}, eos: true}
       clip_s:  {kind: clip_s, embedding: clip, model: openai/clip-vit-base-patch32, listener: listener,
                 prompt: A photo depicts, w: 2.5}     # Cho et al. 2022 (caprl.rewards.clip_s)
     spice:
@@ -13,9 +14,28 @@ Each entry names one reward instance; objectives refer to it by that name::
 
 ``kind`` is a reward factory of :mod:`caprl.rewards.registry` (``cider_d``, ``bleu1``..``bleu4``,
 ``rouge_l``, ``meteor``, ``spice``, ``clip_s``) or ``mix`` (a weighted sum of factories; a ``sigma``
-option of a mix goes to its CIDEr-D component, the embedding options to its clip_s component). :func:`reward_unavailable_reason` says,
-without starting a JVM, why a configured reward cannot run here (SPICE without the
-CoreNLP jars); :func:`build_configured_reward` builds it on top of
+option of a mix goes to its CIDEr-D component, the embedding options to its clip_s component).
+
+``eos`` is the reward text's convention, one per paper (every reward a paper's runs use has its
+paper's), over the :class:`caprl.rewards.references.RewardReferences` the trainer gives:
+
+* ``true``, self-critical.pytorch's (``captioning/utils/rewards.py`` ``get_self_critical_reward``):
+  the references are the training labels (``data['gts']``: each caption clipped to
+  ``vocab.max_length``, rare words UNK) and the end token is a word where ``array_to_str`` writes
+  it: after a caption shorter than ``decode.max_length`` and after a label shorter than the label
+  arrays' width, whatever ``decode.max_length`` is; CIDEr-D's document frequencies count the full
+  training captions, rare words UNK, each with the end (``scripts/prepro_ngrams.py``). Papers 000
+  and 004's code (Stack-Captioning, DiscCaptioning: ``misc/rewards.py``) is SCP's; 001 and 003 have
+  no public code: SCP's practice.
+* ``false``, marshimarocj/caption_competition's (paper 002; ``gen_model/trntst_util.py``
+  ``eval_cider_in_rollout`` over ``service/fast_cider.py`` ``CiderScorer``): the references are
+  the captions as written (``human_caption_dict.pkl``: full length, no UNK), the sampled captions
+  are the words before the end (tf_expr_framework ``util/caption/utility.py`` ``CaptionInt2str``
+  stops at EOS and drops it), no end token anywhere; the document frequencies are the
+  ``caprl cider-df`` file's (the training captions).
+
+:func:`reward_unavailable_reason` says, without starting a JVM, why a configured reward cannot run
+here (SPICE without the CoreNLP jars); :func:`build_configured_reward` builds it on top of
 :func:`caprl.rewards.registry.build_reward`.
 """
 
@@ -27,6 +47,7 @@ from typing import Any
 from caprl.errors import CaprlError
 from caprl.rewards.base import Reward
 from caprl.rewards.document_frequencies import DocumentFrequencies
+from caprl.rewards.references import RewardReferences
 from caprl.rewards.registry import FACTORIES, References, build_mix, build_reward
 
 MIX = "mix"
@@ -64,9 +85,9 @@ def _weights(value: Any) -> str | None:
 CLIP_S_OPTIONS: dict[str, _Check] = {"embedding": _embedding, "model": _string, "listener": _string,
                                      "prompt": _string, "w": _positive_number}
 OPTIONS: dict[str, dict[str, _Check]] = {
-    **{kind: {} for kind in FACTORIES},
+    **{kind: {"eos": _boolean} for kind in FACTORIES},  # eos: the reward text's convention (above)
     "cider_d": {"sigma": _positive_number, "eos": _boolean},
-    "clip_s": CLIP_S_OPTIONS,
+    "clip_s": CLIP_S_OPTIONS,  # reads no references
     MIX: {"weights": _weights, "sigma": _positive_number, "eos": _boolean, **CLIP_S_OPTIONS},
 }
 REQUIRED: dict[str, tuple[str, ...]] = {MIX: ("weights",), "clip_s": tuple(CLIP_S_OPTIONS)}
@@ -167,12 +188,17 @@ def embedding_spec(name: str, params: Mapping[str, Any]) -> Any:
 def build_configured_reward(
     name: str,
     params: Mapping[str, Any],
-    references: References,
+    references: RewardReferences | References,
     document_frequencies: DocumentFrequencies | None,
     embeddings: Callable[[Any], Any] | None = None,
 ) -> Reward:
     """Build the reward ``params["rewards"][name]`` describes (named ``name``); ``embeddings``
     (spec -> embedding) feeds a clip_s component.
+
+    ``references``: the training split's :class:`RewardReferences` (captions and labels); a plain
+    mapping image id -> captions stands for captions without a vocabulary, its labels clipped to
+    ``vocab.max_length``. ``eos`` picks the texts and where the end counts (the module's docstring);
+    the end of a sampled caption counts below ``decode.max_length``, the decode's limit.
 
     Raises CaprlError with the reason when it is unavailable here (see
     :func:`reward_unavailable_reason`).
@@ -183,11 +209,22 @@ def build_configured_reward(
         raise CaprlError(reason)
     if "spice" in (options["weights"] if kind == MIX else [kind]):
         options["corenlp_dir"] = corenlp_dir(params)
-    if options.get("eos"):  # the end counts where a caption ended before the decode's limit
-        options["max_length"] = int(params["decode"]["max_length"])
+    if options.pop("eos", False):  # self-critical.pytorch's reward text: the labels, the end counted
+        refs = _reward_references(references, params)
+        texts: References = refs.labels
+        options.update(eos=True, max_length=int(params["decode"]["max_length"]),
+                       reference_length=refs.label_length, df_corpus=refs.unk_captions)
+    else:  # caption_competition's: the captions as written
+        texts = references.captions if isinstance(references, RewardReferences) else references
     if kind == MIX:
         weights = options.pop("weights")
-        return build_mix(name, weights, references, document_frequencies, embeddings, **options)
-    reward = build_reward(kind, references, document_frequencies, embeddings, **options)
+        return build_mix(name, weights, texts, document_frequencies, embeddings, **options)
+    reward = build_reward(kind, texts, document_frequencies, embeddings, **options)
     reward.name = name
     return reward
+
+
+def _reward_references(references: RewardReferences | References, params: Mapping[str, Any]) -> RewardReferences:
+    if isinstance(references, RewardReferences):
+        return references
+    return RewardReferences.from_captions(references, int(params["vocab"]["max_length"]))

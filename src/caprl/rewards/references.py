@@ -1,8 +1,11 @@
-"""Reference captions prepared once for fast rewards: n-gram table and term frequencies."""
+"""Reference captions for rewards: which texts (:class:`RewardReferences`), and the n-gram table and
+term frequencies prepared once for fast rewards (:class:`ReferenceSet`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,7 +13,56 @@ from caprl.errors import CaprlError
 from caprl.rewards.document_frequencies import DocumentFrequencies
 from caprl.rewards.ngrams import MAX_ORDER, NgramTable, encode, occurrences, segment_search
 
+if TYPE_CHECKING:
+    from caprl.data.vocab import Labels, Vocab
+
 References = Mapping[int, Sequence[Sequence[str]]]
+
+
+@dataclass(frozen=True)
+class RewardReferences:
+    """The texts a reward of one split's images may score against, one per convention
+    (:mod:`caprl.rewards.config`, ``eos``):
+
+    * ``captions``: the annotations' tokenised captions, full length, as written
+      (marshimarocj/caption_competition's ``human_caption_dict.pkl``);
+    * ``labels``: the training labels as words, as self-critical.pytorch builds its reward's
+      references (``captioning/data/dataloader.py``: ``data['gts']`` are the label arrays that
+      ``scripts/prepro_labels.py`` clipped to ``max_length``): each caption clipped to
+      ``label_length`` words, rare words UNK;
+    * ``label_length``: the label arrays' width (``vocab.max_length``, never ``decode.max_length``);
+    * ``unk_captions``: the full captions with the rare words UNK (``scripts/prepro_ngrams.py``'s
+      document-frequency corpus).
+    """
+
+    captions: References
+    labels: References
+    label_length: int
+    unk_captions: References
+
+    @classmethod
+    def from_labels(cls, captions: References, labels: Labels, vocab: Vocab) -> RewardReferences:
+        """The references of the images of ``captions`` (a split's, :func:`references_from_annotations`):
+        their label rows (``caprl vocab``'s file) read back as words."""
+        words = vocab.idx_to_word
+        rows: dict[int, list[list[str]]] = {}
+        for image_id, caps in captions.items():
+            ids, lengths = labels.captions(image_id), labels.lengths(image_id)
+            if len(ids) != len(caps):
+                raise CaprlError(f"{labels.path}: image {image_id} has {len(ids)} label rows but {len(caps)} "
+                                 "captions in the annotations; rerun `caprl vocab`")
+            rows[int(image_id)] = [[words[int(t)] for t in row[:n]] for row, n in zip(ids, lengths)]
+        known = vocab.word_to_idx
+        unk = words[vocab.unk_id]
+        return cls(captions=captions, labels=rows, label_length=int(labels.max_length),
+                   unk_captions={i: [[w if w in known else unk for w in c] for c in caps]
+                                 for i, caps in captions.items()})
+
+    @classmethod
+    def from_captions(cls, captions: References, label_length: int) -> RewardReferences:
+        """Without a vocabulary (every word kept): the labels are the captions clipped to ``label_length``."""
+        clipped = {i: [list(c[:label_length]) for c in caps] for i, caps in captions.items()}
+        return cls(captions=captions, labels=clipped, label_length=int(label_length), unk_captions=captions)
 
 
 class ReferenceSet:

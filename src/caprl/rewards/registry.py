@@ -7,6 +7,13 @@ ROUGE-L numbers with a bit-parallel LCS), ``meteor`` (pycocoevalcap's METEOR: on
 SPICE cannot run here), ``clip_s`` (CLIP-S in an image-text embedding, :mod:`caprl.rewards.clip_s`:
 the caller passes ``embeddings=``, a function spec -> embedding) and weighted mixes (:data:`MIXES`):
 a mix is one dict entry of component name -> weight, and ``weights=`` overrides the default weights.
+
+``eos=True`` scores the reward text as self-critical.pytorch writes it (``captioning/utils/rewards.py``
+``array_to_str``: the end token is a word of every caption and reference that has one,
+:class:`caprl.rewards.cider.EndToken`) in every component that compares word sequences in-process:
+CIDEr-D (SCP's reward), BLEU (SCP's ``get_self_critical_reward`` scores BLEU on the same strings)
+and ROUGE-L (:data:`ENDED`). METEOR and SPICE parse sentences, where an end token is no word, and
+CLIP-S reads no references: they score the captions as written, against the same references.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numpy as np
 from caprl.errors import CaprlError
 from caprl.rewards.base import MemoizedReward, Reward
 from caprl.rewards.bleu import Bleu
-from caprl.rewards.cider import CiderD, EndOfCaption, ended_references
+from caprl.rewards.cider import CiderD, EndOfCaption, EndToken, ended_map, ended_references
 from caprl.rewards.document_frequencies import DocumentFrequencies, compute_document_frequencies
 from caprl.rewards.references import ReferenceSet
 from caprl.rewards.rouge import ReferenceMasks, rouge_l
@@ -39,25 +46,39 @@ MIX_COMPONENTS: dict[str, tuple[str, ...]] = {"bcmr": ("bleu4", "cider_d", "mete
 
 
 class _Context:
-    """What the components of one ``build_reward`` call share (the prepared references, and the
-    embeddings of ``clip_s``: a function spec -> embedding, or None where the caller has none)."""
+    """What the components of one ``build_reward`` call share: the references (prepared once), the
+    embeddings of ``clip_s`` (a function spec -> embedding, or None where the caller has none) and
+    where the end token counts (None: nowhere)."""
 
     def __init__(self, references: References, document_frequencies: DocumentFrequencies | None,
-                 embeddings: Callable[[Any], Any] | None = None) -> None:
+                 embeddings: Callable[[Any], Any] | None = None, end: EndToken | None = None) -> None:
         self.references = references
         self.document_frequencies = document_frequencies
         self.embeddings = embeddings
+        self.end = end
 
     @cached_property
     def reference_set(self) -> ReferenceSet:
+        """The references of the n-gram rewards (CIDEr-D, BLEU), with the end where it counts."""
         df = self.document_frequencies
+        if self.end is not None:
+            return ended_references(self.references, self.end, df)
         if df is None:  # CiderScorer's own convention: df from the references being scored
             df = compute_document_frequencies(self.references)
         return ReferenceSet(self.references, df)
 
     @cached_property
     def sentences(self) -> dict[int, list[str]]:
+        """The references as sentences, as written (METEOR, SPICE)."""
         return {int(i): [" ".join(r) for r in refs] for i, refs in self.references.items()}
+
+    @cached_property
+    def token_sentences(self) -> dict[int, list[str]]:
+        """The references as sentences with the end where it counts (ROUGE-L)."""
+        if self.end is None:
+            return self.sentences
+        ended = ended_map(self.references, self.end.reference_length)
+        return {int(i): [" ".join(r) for r in refs] for i, refs in ended.items()}
 
 
 def _sentences_of(captions: Sequence[Sequence[str]]) -> list[str]:
@@ -72,7 +93,7 @@ class RougeL(MemoizedReward):
 
     def __init__(self, context: _Context) -> None:
         super().__init__()
-        self._refs = context.sentences
+        self._refs = context.token_sentences
         self._masks: dict[int, list[ReferenceMasks]] = {}
 
     def score(self, image_ids: Sequence[int], captions: Sequence[Sequence[str]]) -> np.ndarray:
@@ -169,13 +190,9 @@ def _lookup(refs: Mapping[int, list[str]], image_ids: Sequence[int]) -> list[lis
         raise CaprlError(f"image id {exc.args[0]} has no reference captions in this reward's references") from None
 
 
-def _cider_d(context: _Context, sigma: float = 6.0, eos: bool = False, max_length: int = 16) -> Reward:
-    """CIDEr-D; with ``eos`` the end of a caption shorter than ``max_length`` words counts as a word
-    (self-critical.pytorch's reward, :class:`caprl.rewards.cider.EndOfCaption`)."""
-    if not eos:
-        return CiderD(context.reference_set, sigma=sigma)
-    refs = ended_references(context.references, max_length, context.document_frequencies)
-    return EndOfCaption(refs, max_length, sigma=sigma)
+def _cider_d(context: _Context, sigma: float = 6.0) -> Reward:
+    """CIDEr-D over the context's references (with the end where it counts: :data:`ENDED`)."""
+    return CiderD(context.reference_set, sigma=sigma)
 
 
 def _bleu(n: int) -> Callable[[_Context], Reward]:
@@ -200,6 +217,10 @@ FACTORIES: dict[str, Callable[..., Reward]] = {
 }
 
 
+#: the components that score the end token as a word where the reward counts it (``eos``)
+ENDED = frozenset({"cider_d", *(f"bleu{n}" for n in range(1, 5)), "rouge_l"})
+
+
 def available_rewards() -> list[str]:
     """Every name :func:`build_reward` accepts."""
     return sorted(FACTORIES) + sorted(MIXES)
@@ -210,16 +231,26 @@ def build_reward(
     references: References,
     document_frequencies: DocumentFrequencies | None = None,
     embeddings: Callable[[Any], Any] | None = None,
+    *,
+    eos: bool = False,
+    max_length: int = 16,
+    reference_length: int | None = None,
+    df_corpus: References | None = None,
     **options: Any,
 ) -> Reward:
     """Build reward ``name`` over ``references`` (image id -> tokenised captions).
 
     ``document_frequencies`` feeds CIDEr-D (None: computed from ``references``); ``embeddings``
-    (spec -> embedding) feeds clip_s. Options: ``sigma`` (cider_d), ``corenlp_dir`` (spice),
-    ``embedding``, ``model``, ``listener``, ``prompt``, ``w`` (clip_s), ``weights`` (mixes:
-    component -> weight; a mix passes its other options to the components that take them).
+    (spec -> embedding) feeds clip_s. ``eos``: the end counts as a word (the module's docstring)
+    after a caption shorter than ``max_length`` (the decode's limit) and after a reference shorter
+    than ``reference_length`` (the label arrays' width; None: ``max_length``), CIDEr-D's document
+    frequencies from ``df_corpus`` (None: the references), each caption with its end. Options:
+    ``sigma`` (cider_d), ``corenlp_dir`` (spice), ``embedding``, ``model``, ``listener``,
+    ``prompt``, ``w`` (clip_s), ``weights`` (mixes: component -> weight; a mix passes its other
+    options to the components that take them).
     """
-    return _build(name, _Context(references, document_frequencies, embeddings), dict(options))
+    end = _end(eos, max_length, reference_length, df_corpus)
+    return _build(name, _Context(references, document_frequencies, embeddings, end), dict(options))
 
 
 def build_mix(
@@ -228,10 +259,22 @@ def build_mix(
     references: References,
     document_frequencies: DocumentFrequencies | None = None,
     embeddings: Callable[[Any], Any] | None = None,
+    *,
+    eos: bool = False,
+    max_length: int = 16,
+    reference_length: int | None = None,
+    df_corpus: References | None = None,
     **options: Any,
 ) -> Mix:
     """A mix named ``name``: ``sum(weight * FACTORIES[component])`` (options as :func:`build_reward`)."""
-    return _build_mix(name, weights, _Context(references, document_frequencies, embeddings), dict(options))
+    end = _end(eos, max_length, reference_length, df_corpus)
+    return _build_mix(name, weights, _Context(references, document_frequencies, embeddings, end), dict(options))
+
+
+def _end(eos: bool, max_length: int, reference_length: int | None, df_corpus: References | None) -> EndToken | None:
+    if not eos:
+        return None
+    return EndToken(int(max_length), int(max_length if reference_length is None else reference_length), df_corpus)
 
 
 def _accepts(factory: Callable[..., Reward]) -> set[str]:
@@ -273,4 +316,7 @@ def _build(name: str, context: _Context, options: dict[str, Any]) -> Reward:
         inspect.signature(factory).bind(context, **options)
     except TypeError as exc:
         raise CaprlError(f"reward '{name}': bad options {sorted(options)}: {exc}") from exc
-    return factory(context, **options)
+    reward = factory(context, **options)
+    if context.end is not None and name in ENDED:
+        return EndOfCaption(reward, context.end.candidate_length)
+    return reward

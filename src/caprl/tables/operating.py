@@ -15,13 +15,14 @@ scale: R@5 0.80, CIDEr-D 1.2), a number or ``auto``: the highest x that every co
 reaches (:func:`overlap_value`). A dataset absent from ``operating_points`` is all ``auto``.
 PSST rows of the tables use the runs with ``rho == discriminative.table_rho``.
 
-``auto`` is chosen on the **validation** split where the score reports carry the runs'
-validation numbers (``report["validation"]``, :mod:`caprl.tables.validation`: the val metrics
-of the epoch each run's evaluated checkpoint holds): x0 is then the overlap value of the
+``auto`` is chosen on the **validation** split: every score file ``caprl evaluate`` writes carries
+the val metrics of the epoch its evaluated checkpoint holds (``report["validation"]``, read from
+the checkpoint itself, :mod:`caprl.evaluation.validation`). x0 is the overlap value of the
 *validation* curves (:data:`VAL`), and each method's test numbers are read where its
 validation curve reaches x0 (:func:`read_curve`); a method whose validation curve does not
-reach x0 has no value there. Without validation numbers ``auto`` falls back to
-the test curves (:data:`TEST`), and the tables say so.
+reach x0 has no value there. Score reports without validation numbers (made by hand, or by a
+caprl before evaluate recorded them) fall back to the test curves (:data:`TEST`), and the
+tables say so.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from caprl.errors import CaprlError
+from caprl.evaluation import validation
 from caprl.params import RunSpec, compared_runs, run_spec
 from caprl.tables.settings import decoding_label
 
@@ -143,11 +145,11 @@ def point_values(report: dict[str, Any] | None) -> dict[str, float]:
     return values
 
 
-def validation_values(report: dict[str, Any] | None) -> dict[str, float]:
-    """A score report's attached validation numbers (``report["validation"]``: the val metrics of
-    the epoch the evaluated checkpoint holds, :mod:`caprl.tables.validation`); {} without."""
-    record = (report or {}).get("validation") or {}
-    return {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+def validation_values(report: dict[str, Any] | None, where: str = "score file") -> dict[str, float]:
+    """A score report's validation numbers (``report["validation"]``: the val metrics of the epoch
+    the evaluated checkpoint holds, :func:`caprl.evaluation.validation.numbers`, which refuses,
+    naming ``where``, a section of other weights than the report's); {} without."""
+    return validation.numbers(report, where)
 
 
 def family_runs(params: dict[str, Any], dataset: str) -> list[RunSpec]:
@@ -163,8 +165,9 @@ def family_points(params: dict[str, Any], dataset: str, scores: dict[str, dict[s
         init_run = spec.init.get("model")
         init_method = run_spec(params, init_run).method if init_run in params["runs"] else None
         report = scores.get(spec.name)
+        where = f"scores.json of run {spec.name} on {dataset}"
         points.append(Point(spec, _number(spec.options, "lam"), _number(spec.options, "rho"), init_method,
-                            init_run, point_values(report), validation_values(report)))
+                            init_run, point_values(report), validation_values(report, where)))
     return points
 
 
@@ -280,3 +283,25 @@ def rho_curves(points: list[Point], method: str, model: str | None, split: str =
         else:
             borrowed = False
     return dict(sorted(curves.items())), borrowed
+
+
+#: (PSST method, model) -> (its curve per ρ, whether ρ = 0 is its ST method's): :func:`rho_curves` of each
+RhoCurves = dict[tuple[str, str | None], tuple[dict[float, Curve], bool]]
+
+
+def rho_reading(params: dict[str, Any], dataset: str, points: list[Point], models: list[str | None],
+                paper: float | None = None) -> tuple[RhoCurves, OperatingPoint]:
+    """Paper 004's Fig. 4 as the table ``psst_rho`` and the figure both read it: each PSST method's ρ
+    curves of the complete ``points`` (x: the CIDEr-D of the numbers the point is chosen on, y: test
+    R@10, :func:`read_curve`) and the ``rho_cider`` operating point. ``auto`` is chosen on the
+    validation curves (every point of the family with validation numbers) where the points carry
+    them (:func:`on_validation`), else on the test curves."""
+    split = VAL if on_validation(points) else TEST
+    done = [p for p in points if p.complete]
+    curves = {(m, model): rho_curves(done, m, model, split, TEST) for model in models for m in PSST_METHODS}
+    chosen_on = curves if split == TEST else {
+        (m, model): rho_curves(points, m, model, VAL) for model in models for m in PSST_METHODS}
+    op = operating_point(params, dataset, "rho_cider",
+                         lambda: overlap_value(c for per_rho, _ in chosen_on.values() for c in per_rho.values()),
+                         paper, split=split)
+    return curves, op

@@ -2,7 +2,7 @@
 
 All are percentages on the MSCOCO Karpathy test split. Keys of a row are the table
 columns (B@1..B@4, M = METEOR, R = ROUGE-L, C = CIDEr, S = SPICE); a metric the paper
-does not report is absent. Rows of Tables 1-2 are keyed by our architecture name.
+does not report is absent. Rows of Tables 1-2 are keyed by our model name (params.yaml ``models:``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _T3 = "B@1 B@2 B@3 B@4 M R C S"
 
 #: Table 1: the models trained with cross-entropy (XE), beam search K = 5.
 TABLE1: dict[str, Row] = {
-    "fc": _row(_T12, 72.1, 54.8, 39.6, 28.5, 24.3, 91.4),  # LSTM (XE)
+    "fc_lstm": _row(_T12, 72.1, 54.8, 39.6, 28.5, 24.3, 91.4),  # LSTM (XE)
     "lstm3": _row(_T12, 70.5, 53.1, 38.9, 28.3, 23.2, 85.7),  # LSTM3 layers (XE)
     "softatt": _row(_T12, 73.8, 57.2, 43.1, 33.0, 25.7, 101.0),  # LSTM+Att_Soft (XE)
     "topdown": _row(_T12, 74.9, 58.6, 44.5, 33.3, 25.8, 103.4),  # LSTM+Att_Top-Down (XE)
@@ -29,7 +29,7 @@ TABLE1: dict[str, Row] = {
 
 #: Table 2: after RL — SCST (CIDEr) for the one-stage models, C2F for the Stack-Cap models.
 TABLE2: dict[str, Row] = {
-    "fc": _row(_T12, 76.7, 58.3, 42.8, 30.8, 25.5, 100.2),  # LSTM (CIDEr)
+    "fc_lstm": _row(_T12, 76.7, 58.3, 42.8, 30.8, 25.5, 100.2),  # LSTM (CIDEr)
     "lstm3": _row(_T12, 73.0, 56.1, 41.1, 29.9, 25.1, 95.9),  # LSTM3 layers (CIDEr)
     "softatt": _row(_T12, 77.3, 59.3, 44.1, 32.1, 25.9, 104.8),  # LSTM+Att_Soft (CIDEr)
     "topdown": _row(_T12, 76.7, 60.4, 45.6, 33.9, 26.5, 112.7),  # LSTM+Att_Top-Down (CIDEr)

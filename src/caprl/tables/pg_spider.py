@@ -1,10 +1,11 @@
 """PG-SPIDEr (Liu et al., ICCV 2017): policy gradient with Monte-Carlo roll-outs, per reward.
 
 For every model with ``pg_spider`` or ``mixer`` runs on the dataset (models in params
-order): the model's XE run(s), its SCST run(s), its MIXER run(s) (Ranzato et al. 2016, the
-paper's comparison baseline, labelled as the paper does; the summary gives no MIXER
-numbers), then one row per PG-SPIDEr run, named by the run's ``reward`` option (a key of
-``rewards:``: cider_d, bcmr, spider, ...). Rows are chosen by method, never by run name. Columns are
+order): the model's XE run(s) (the paper's "MLE"), its SCST run(s), its MIXER run(s) (Ranzato et
+al. 2016, the paper's comparison baseline, labelled as the paper does; the summary gives no MIXER
+numbers), then one row per ``pg_spider`` run, named as the paper names policy gradient on each
+reward (:data:`PG_NAMES`: PG-CIDEr, PG-BCMR, PG-SPIDEr, PG-SPICE; PG-SPIDEr is PG on SPIDEr only;
+another reward of ``rewards:`` shows its key). Rows are chosen by method, never by run name. Columns are
 BLEU-4, METEOR, ROUGE-L, CIDEr-D, SPICE and SPIDEr = (CIDEr-D + SPICE) / 2, computed here
 from the score file; where SPICE was not computed SPIDEr shows as unavailable (the notes say
 why), never as a number. A PG-SPIDEr run whose reward cannot run on this machine
@@ -26,6 +27,9 @@ from caprl.tables.settings import TableSettings
 
 METHOD = "pg_spider"
 BASELINES = ["xe", "scst", "mixer"]  # the methods of the rows before a model's PG-SPIDEr rows (in this order)
+BASELINE_NAMES = {"xe": "MLE"}  # the paper's names where they are not the tables' (method_label)
+#: the paper's name of policy gradient on each reward of rewards: (Liu et al. 2017: PG-<metric>)
+PG_NAMES = {"cider_d": "PG-CIDEr", "bcmr": "PG-BCMR", "spider": "PG-SPIDEr", "spice": "PG-SPICE"}
 SHOWN_BY = [METHOD, "mixer"]  # a model with runs of these methods gets its rows
 METRICS = [("B@4", "BLEU-4"), ("M", "METEOR"), ("R", "ROUGE-L"), ("C", "CIDEr-D"), ("S", "SPICE")]
 SPIDER = ("SPIDEr", ("CIDEr-D", "SPICE"))  # column, the metrics averaged
@@ -49,6 +53,12 @@ def row_cells(scores: dict[str, Any] | None) -> list[Cell]:
     return metric_cells(scores, METRICS) + [spider_cell(scores)]
 
 
+def pg_name(view: RunSpec) -> str:
+    """The paper's name of a ``pg_spider`` run: PG on its reward (:data:`PG_NAMES`; else PG, the reward's key)."""
+    reward = reward_of(view)
+    return PG_NAMES.get(reward, f"PG, {reward}")
+
+
 def reward_of(view: RunSpec) -> str:
     reward = view.options.get("reward")
     if not isinstance(reward, str):
@@ -64,11 +74,11 @@ def model_rows(params: dict[str, Any], dataset: str, scores: Scores, model: str,
     rows = []
     for method in BASELINES:
         views = select(params, dataset, model=model, method=method)
-        rows += [run_row(params, scores, v, run_label(v, method_label(method)), notes) for v in views]
+        name = BASELINE_NAMES.get(method, method_label(method))
+        rows += [run_row(params, scores, v, run_label(v, name), notes) for v in views]
         if not views:
-            rows.append((f"{model} ({method_label(method)}): no run", row_cells(None)))
-    rows += [run_row(params, scores, v, run_label(v, f"{method_label(METHOD)}, {reward_of(v)}"), notes)
-             for v in pg_runs]
+            rows.append((f"{model} ({name}): no run", row_cells(None)))
+    rows += [run_row(params, scores, v, run_label(v, pg_name(v)), notes) for v in pg_runs]
     return rows
 
 
@@ -84,7 +94,7 @@ def run_row(params: dict[str, Any], scores: Scores, view: RunSpec, label: str,
 
 @register_table("pg_spider")
 def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
-    """PG-SPIDEr per reward beside the same model's XE, SCST and MIXER runs."""
+    """Policy gradient per reward (PG-CIDEr, PG-BCMR, PG-SPIDEr) beside the same model's MLE, SCST and MIXER runs."""
     settings = TableSettings.from_params(params)
     table = Table("pg_spider", title(settings, dataset, "PG-SPIDEr (Liu et al. 2017) per reward"), list(COLUMNS))
     pg_runs = select(params, dataset, method=METHOD)
@@ -98,6 +108,8 @@ def pg_spider_table(params: dict[str, Any], dataset: str, scores: Scores) -> Tab
                                           for v in select(params, dataset, model=model, method=method)}
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing run. "
                    "SPIDEr = (CIDEr-D + SPICE) / 2, from the scores; unavailable where SPICE was not computed.",
+                   "PG-<reward> = policy gradient with K Monte-Carlo roll-outs and a learned baseline on that reward "
+                   "(PG-CIDEr: CIDEr-D), as the paper names its runs; MLE = the cross-entropy start.",
                    "MIXER = Ranzato et al. 2016 (XE on the first M words, REINFORCE on the rest, M annealed to 0), "
                    "the paper's comparison baseline; the paper's summary gives no MIXER numbers."]
     if not pg_runs:

@@ -3,9 +3,10 @@
 Each method's runs on the dataset (several λ; PSST rows: ``rho == discriminative.table_rho``)
 form a curve (:mod:`caprl.tables.operating`), read by linear interpolation at the table's
 operating point (``discriminative.operating_points.<dataset>``: a number, or auto). An auto
-operating point is chosen on the validation curves where the score reports carry the runs'
-validation numbers (:mod:`caprl.tables.validation`; ``benchmarks/claims.py`` attaches them),
-and the test curves are read there; without them, on the test curves (the table says which):
+operating point is chosen on the validation curves (each score file's ``validation``: the val
+numbers of the epoch its evaluated checkpoint holds, written by ``caprl evaluate``,
+:mod:`caprl.evaluation.validation`), and the test curves are read there; for score reports
+without them (made by hand), on the test curves (the table says which):
 
 * ``psst_table1`` / ``psst_table6``: CIDEr-D, BLEU-4, METEOR, ROUGE-L, SPICE (fractions, as
   the paper prints them) at a fixed R@5 (``recall5``; paper: 80% on COCO, 90% on Flickr30K).
@@ -37,7 +38,7 @@ from caprl.tables.build import Scores, degenerate_flags, register_table, unavail
 from caprl.tables.operating import (FROZEN, FROZEN_LABELS, LANGUAGE, METHOD_LABELS, PSST_METHODS, RECALLS, TEST,
                                     VAL, Curve, OperatingPoint, Point, curve, decode_text, family_points,
                                     interpolate, method_points, models_of, on_validation, operating_point,
-                                    overlap_value, read_curve, rho_curves, table_rho, x_range)
+                                    overlap_value, read_curve, rho_reading, table_rho, x_range)
 from caprl.tables.render import Cell, Table
 from caprl.tables.runs import gold_retrieval_runs
 from caprl.tables.settings import TableSettings
@@ -167,8 +168,20 @@ def operating_note(op: OperatingPoint, x: str) -> list[str]:
                 "method's test numbers are read where its validation curve reaches it (the two runs whose val values "
                 "bracket it, their test numbers mixed in the same proportion); — where its validation curve does not "
                 "reach it."]
-    return [f"Operating point read on the test curves: the score reports carry no validation numbers "
-            "(caprl.tables.validation attaches them; benchmarks/claims.py does)."]
+    return ["Operating point chosen on the test curves, not on validation: the score files carry no validation "
+            "numbers (caprl evaluate writes them, from the evaluated checkpoint: caprl.evaluation.validation)."]
+
+
+def unvalidated_note(label: str, points: list[Point], op: OperatingPoint) -> str | None:
+    """Which of a curve's runs have test numbers but no validation numbers (no scored epoch, or a score
+    file without them) where the point was chosen on validation: they are not on its validation curve."""
+    if op.split != VAL:
+        return None
+    lacking = [p.spec.name for p in points if p.complete and not p.val]
+    one = len(lacking) == 1
+    return (f"{label}: {', '.join(lacking)} {'has' if one else 'have'} no validation numbers in "
+            f"{'its score file' if one else 'their score files'}: left out of its validation curve."
+            if lacking else None)
 
 
 def read_cells(points: list[Point], x: str, ys: list[str], op: OperatingPoint, scale: float, decimals: int,
@@ -193,8 +206,8 @@ def curve_rows(family: Family, methods: list[str], x: str, ys: list[str], op: Op
             flags = family.flags(runs)
             rows.append((label, [dataclasses.replace(c, flags=flags) for c in read_cells(
                 runs, x, ys, op, scale, decimals, None if numbers is None else numbers.get(method))]))
-            notes += [n for n in (family.missing_note(method, model, label), outside_note(label, runs, x, op, show))
-                      if n]
+            notes += [n for n in (family.missing_note(method, model, label), outside_note(label, runs, x, op, show),
+                                  unvalidated_note(label, runs, op)) if n]
     return rows
 
 
@@ -399,15 +412,7 @@ def psst_rho(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     """The numbers of paper 004's Fig. 4: R@10 at a fixed CIDEr-D (``rho_cider``) of each PSST
     method's ρ curves (ρ = 0: its ST method's curve where no PSST run has ρ = 0)."""
     family = Family(params, dataset, scores)
-    points = [p for p in family.points if p.complete]
-    # read on: test R@10 against the CIDEr-D the point is chosen on (read_curve)
-    curves = {(m, model): rho_curves(points, m, model, family.split, TEST)
-              for model in family.models for m in PSST_METHODS}
-    chosen_on = curves if family.split == TEST else {  # validation: every run with validation numbers
-        (m, model): rho_curves(family.points, m, model, VAL) for model in family.models for m in PSST_METHODS}
-    op = operating_point(params, dataset, "rho_cider",
-                         lambda: overlap_value(c for per_rho, _ in chosen_on.values() for c in per_rho.values()),
-                         split=family.split)
+    curves, op = rho_reading(params, dataset, family.points, family.models)  # as the figure reads them
     rhos = sorted({rho for per_rho, _ in curves.values() for rho in per_rho})
     table = Table("psst_rho", family.title(f"Fig. 4, R@10 at a fixed CIDEr-D = {op.describe(fraction)} against ρ"),
                   [f"ρ = {rho:g}" for rho in rhos])

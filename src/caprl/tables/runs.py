@@ -46,12 +46,11 @@ OWN_REWARD_ROWS = {"scst"}
 
 
 def select(params: dict[str, Any], dataset: str, *, model: str | None = None,
-           method: str | None = None, arch: str | None = None) -> list[RunSpec]:
-    """The dataset's captioner runs with this model / method / model architecture (params order).
+           method: str | None = None) -> list[RunSpec]:
+    """The dataset's captioner runs with this model (a key of ``models:``) / method (params order).
     With ``method``: its paper's rows only, i.e. runs with the method's own baseline and reward
     (``objectives.<method>``; the reward only for :data:`OWN_REWARD_ROWS`): an NSC run or an
     embedding-rewarded SCST run is in the main table, not in a paper's SCST row."""
-    models = params["models"]
     own = params["objectives"].get(method, {}) if method is not None else {}
 
     def paper_row(s: RunSpec) -> bool:
@@ -59,5 +58,4 @@ def select(params: dict[str, Any], dataset: str, *, model: str | None = None,
         return all(s.options.get(k) == own.get(k) for k in keys if k in own)
 
     return [s for s in dataset_runs(params, dataset)
-            if (model is None or s.model == model) and (method is None or (s.method == method and paper_row(s)))
-            and (arch is None or models[s.model].get("arch") == arch)]
+            if (model is None or s.model == model) and (method is None or (s.method == method and paper_row(s)))]

@@ -4,13 +4,12 @@ Chen & Jin, "Better Captioning with Sequence-Level Exploration" (CVPR 2020); its
 are in :mod:`caprl.tables.sle_numbers`. Rows are found from params.yaml, never from run
 names: a row kind (:data:`ROW_KINDS`) is a method, and for ``sll`` whether the run's
 ``entropy`` option is > 0 (SLL-ME) or not (SLL). SLL is SCST under the paper's name (the
-``sll`` objective is ``scst``'s class, same options): a model with no ``sll`` run of entropy 0
-shows its ``scst`` run of entropy 0 as its SLL row, so the demo trains that run once, not
-twice under two names. The models shown are those with an
-``sll`` or ``sll_sle`` run on the dataset: models without attention first, then those
-with attention (marked *, as the paper marks its attention rows), params order within.
-A model attends over regions when its architecture's config has an attention size
-(``att_hidden_size``: topdown, softatt, stackcap, ...; fc and lstm3 have none). A kind
+``sll`` objective is ``scst``'s class), with the paper's own options (params.yaml
+``objectives.sll``: its reward text, its fresh optimiser): an ``scst`` run is never an SLL row.
+The models shown are those with an ``sll`` or ``sll_sle`` run on the dataset: models without
+attention first, then those with attention (marked *, as the paper marks its attention rows),
+params order within. A model attends over regions when its architecture's config has an
+attention size (``att_hidden_size``: topdown, softatt, stackcap, ...; fc and lstm3 have none). A kind
 without a run shows as one missing row; several runs of a kind give a row each, named.
 
 * ``sle_table2`` (image) / ``sle_table3`` (video): METEOR, CIDEr-D, SPICE in % of the
@@ -58,12 +57,11 @@ class RowKind:
     label: str  # as the paper names the row
     method: str  # the runs' objective (registry key)
     entropy: bool | None = None  # True: entropy option > 0 only; False: == 0 only; None: any
-    same_as: str | None = None  # a method with the same objective, whose runs serve where `method` has none
 
 
 ROW_KINDS: dict[str, RowKind] = {
     "xe": RowKind("XE", "xe"),
-    "sll": RowKind("SLL", "sll", entropy=False, same_as="scst"),  # caprl.objectives.scst: SequenceLevel
+    "sll": RowKind("SLL", "sll", entropy=False),  # caprl.objectives.scst: SequenceLevel
     "sll_me": RowKind("SLL-ME", "sll", entropy=True),
     "sll_sle": RowKind("SLL-SLE", "sll_sle"),
 }
@@ -96,12 +94,8 @@ def has_attention(params: dict[str, Any], model: str) -> bool:
 def kind_runs(params: dict[str, Any], dataset: str, model: str, kind: str) -> list[RunSpec]:
     """The model's runs on the dataset of this row kind (params order)."""
     spec = ROW_KINDS[kind]
-
-    def of(method: str) -> list[RunSpec]:
-        return [v for v in select(params, dataset, model=model, method=method)
-                if spec.entropy is None or (float(v.options.get("entropy") or 0.0) > 0.0) == spec.entropy]
-
-    return of(spec.method) or (of(spec.same_as) if spec.same_as else [])
+    return [v for v in select(params, dataset, model=model, method=spec.method)
+            if spec.entropy is None or (float(v.options.get("entropy") or 0.0) > 0.0) == spec.entropy]
 
 
 def sle_models(params: dict[str, Any], dataset: str) -> list[str]:
@@ -163,8 +157,7 @@ def _paper_note(name: str, dataset: str, number: int, what: str) -> str:
     return f"No paper numbers on {dataset}: paper numbers are shown on {home} ({paper.PAPER} Table {number} is {what})."
 
 
-KIND_NOTE = ("Rows by method: SLL = sll with entropy 0 (where a model has none, its scst run with entropy 0: "
-             "the same objective), SLL-ME = sll with entropy > 0, SLL-SLE = sll_sle.")
+KIND_NOTE = "Rows by method: SLL = sll with entropy 0, SLL-ME = sll with entropy > 0, SLL-SLE = sll_sle."
 
 
 # ---------------------------------------------------------------- Tables 2 and 3

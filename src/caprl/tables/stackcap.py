@@ -1,8 +1,10 @@
 """The Stack-Captioning paper's Tables 1-3, filled with this pipeline's runs.
 
 Rows are found from params.yaml, not from run names: a Table 1 row is every ``xe`` run on
-the dataset whose model has the row's ``arch``; a Table 2 row every run with the row's
-``arch`` and method (``scst`` for the one-stage models, ``c2f`` for Stack-Cap). A row with
+the dataset of the row's model (a key of params.yaml ``models:``; the paper's "LSTM" is
+``fc_lstm``, Vinyals et al.'s cell with the image as first input, not Rennie et al.'s maxout
+``fc``); a Table 2 row every run of the row's model and method (``scst`` for the one-stage
+models, ``c2f`` for Stack-Cap). A row with
 no run shows as missing; several runs give several rows, each named. When the dataset is
 ``coco`` every cell carries the paper's number (Tables 1-3 of
 :mod:`caprl.tables.paper_numbers`) and Table 3 lists the paper's prior methods.
@@ -35,13 +37,13 @@ COLUMNS_3 = ["B@1", "B@2", "B@3", "B@4", "M", "R", "C", "S"]
 @dataclass(frozen=True)
 class RowSpec:
     label: str
-    arch: str
+    model: str  # a key of params.yaml models: (paper_numbers' rows are keyed by it)
     method: str  # the runs' objective (registry key)
     paper: dict[str, float]
 
 
 TABLE1_ROWS = [
-    RowSpec("LSTM (XE)", "fc", "xe", paper.TABLE1["fc"]),
+    RowSpec("LSTM (XE)", "fc_lstm", "xe", paper.TABLE1["fc_lstm"]),
     RowSpec("LSTM3 layers (XE)", "lstm3", "xe", paper.TABLE1["lstm3"]),
     RowSpec("LSTM+Att_Soft (XE)", "softatt", "xe", paper.TABLE1["softatt"]),
     RowSpec("LSTM+Att_Top-Down (XE)", "topdown", "xe", paper.TABLE1["topdown"]),
@@ -49,7 +51,7 @@ TABLE1_ROWS = [
     RowSpec("Stack-Cap (XE)", "stackcap", "xe", paper.TABLE1["stackcap"]),
 ]
 TABLE2_ROWS = [
-    RowSpec("LSTM (SCST, CIDEr)", "fc", "scst", paper.TABLE2["fc"]),
+    RowSpec("LSTM (SCST, CIDEr)", "fc_lstm", "scst", paper.TABLE2["fc_lstm"]),
     RowSpec("LSTM3 layers (SCST, CIDEr)", "lstm3", "scst", paper.TABLE2["lstm3"]),
     RowSpec("LSTM+Att_Soft (SCST, CIDEr)", "softatt", "scst", paper.TABLE2["softatt"]),
     RowSpec("LSTM+Att_Top-Down (SCST, CIDEr)", "topdown", "scst", paper.TABLE2["topdown"]),
@@ -59,9 +61,9 @@ TABLE2_ROWS = [
 TABLE3_OURS = RowSpec("Stack-Cap (C2F), ours", "stackcap", "c2f", paper.TABLE3_STACKCAP)
 
 
-def matching_runs(params: dict[str, Any], dataset: str, arch: str, method: str) -> list[str]:
-    """The dataset's runs (in params order) of ``method`` whose model has ``arch``."""
-    return [view.name for view in select(params, dataset, method=method, arch=arch)]
+def matching_runs(params: dict[str, Any], dataset: str, model: str, method: str) -> list[str]:
+    """The dataset's runs (in params order) of ``method`` and ``model``."""
+    return [view.name for view in select(params, dataset, method=method, model=model)]
 
 
 def _metrics(columns: list[str]) -> list[tuple[str, str]]:
@@ -72,7 +74,7 @@ def _metrics(columns: list[str]) -> list[tuple[str, str]]:
 def model_rows(params: dict[str, Any], dataset: str, scores: Scores, spec: RowSpec,
                columns: list[str]) -> list[tuple[str, list[Cell]]]:
     """One row per matching run (a missing row if none); paper numbers on COCO."""
-    runs = matching_runs(params, dataset, spec.arch, spec.method)
+    runs = matching_runs(params, dataset, spec.model, spec.method)
     rows = []
     for run in runs or [None]:
         cells = metric_cells(scores.get(run) if run else None, _metrics(columns))
@@ -108,7 +110,7 @@ def _notes(dataset: str, scores: Scores, table: int) -> list[str]:
 
 def _used(params: dict[str, Any], dataset: str, scores: Scores, specs: list[RowSpec]) -> Scores:
     """The score files of the runs a table shows (for the notes on unavailable metrics)."""
-    runs = {run for s in specs for run in matching_runs(params, dataset, s.arch, s.method)}
+    runs = {run for s in specs for run in matching_runs(params, dataset, s.model, s.method)}
     return {run: s for run, s in scores.items() if run in runs}
 
 

@@ -7,6 +7,10 @@ rate (the objective's ``lr_schedule``: the ``lr_decay_every`` / ``lr_decay_rate`
 noam's per-step rate) are pure functions of (seed, epoch, step), so a resumed run sees exactly the
 batches and rates an uninterrupted run would.
 
+A run with an ``init`` starts its Adam as the objective's ``init_optimizer`` says
+(:meth:`Trainer.start_optimizer`): empty, or carried from the init checkpoints, which is why
+``best.pt`` holds the optimiser state too (not the RNG states).
+
 Best epoch: the objective's validation metric (``select``). A run that starts from other
 runs' weights (a non-empty ``init``: RL from an XE model, a value network on a frozen policy)
 first validates those starting weights, before any step: the history's ``epoch`` 0 record
@@ -35,6 +39,7 @@ from caprl.models import checkpoint
 from caprl.errors import CaprlError
 from caprl.models import CaptionModel, timeshared
 from caprl.objectives import Objective
+from caprl.objectives.init_optimizer import INIT_OPTIMIZERS
 from caprl.data.batch import Batch
 from caprl.data.loader import CaptionData
 from caprl.data.prefetch import Prefetcher
@@ -187,9 +192,10 @@ class Trainer:
         ckpt = checkpoint.Checkpoint(run=self.meta.run, modules=records, vocab_sha256=self.meta.vocab_sha256,
                                      config_hash=self.meta.config_hash, code_version=checkpoint.code_version(),
                                      position=position, made_from=self.meta.made_from)
+        # the optimiser state in best.pt too: a run starting from it with init_optimizer carry reads it
+        ckpt.optimizer = graphs.plain_state_dict(self.optimizer)
         if with_state:
             position["epoch_losses"] = list(self.pos.epoch_losses)
-            ckpt.optimizer = graphs.plain_state_dict(self.optimizer)
             ckpt.rng = {"cpu": self.dist.gather(torch.get_rng_state())}  # one state per process
             if self.dist.device.type == "cuda":
                 ckpt.rng["cuda"] = self.dist.gather(torch.cuda.get_rng_state(self.dist.device).cpu())
@@ -236,6 +242,17 @@ class Trainer:
                             list(p.get("epoch_losses", [])), p.get("best_epoch"))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.pos.epoch, self.pos.batch, self.pos.step)
         return True
+
+    def start_optimizer(self, inits: dict[str, str]) -> None:
+        """A fresh run's Adam state from the checkpoints its modules start from (``inits``: role ->
+        path), as the objective's option ``init_optimizer`` says (:mod:`caprl.objectives.init_optimizer`:
+        ``carry`` their moments, or ``fresh``). Call it when :meth:`resume` found no state."""
+        name = self.objective.options.init_optimizer
+        start = INIT_OPTIMIZERS.get(name, where=f"{self.objective.name}.init_optimizer")
+        carried = start(self.optimizer, dict(inits),
+                        lambda path: checkpoint.load(path, vocab_sha256=self.meta.vocab_sha256).optimizer)
+        if carried:
+            log.info("Adam's state carried from the init checkpoints for group(s) %s", ", ".join(carried))
 
     # --- loop --------------------------------------------------------------------------
     def lrs(self, epoch: int, step: int) -> list[float]:

@@ -26,9 +26,9 @@ from caprl.io import provenance
 from caprl.objectives import run_checks
 from caprl.errors import CaprlError
 from caprl.metrics.embeddings import EmbeddingInputs, EmbeddingSource, Sources, add_embedding_arguments
-from caprl.models import build_model
+from caprl.models import build_model, compat
 from caprl.objectives import ObjectiveEnv, build_objective
-from caprl.rewards import (build_configured_reward, build_reward, compute_document_frequencies,
+from caprl.rewards import (RewardReferences, build_configured_reward, build_reward, compute_document_frequencies,
                            load_document_frequencies)
 from caprl.seeding import seed_everything
 from caprl.tracking import Tracker
@@ -123,8 +123,9 @@ def load_inits(modules: dict[str, torch.nn.Module], inits: dict[str, str], expec
         if role not in modules:
             raise CaprlError(f"runs.{run}.init.{role}: this run has no module '{role}' "
                              f"(it trains {', '.join(sorted(modules))})")
-        record = checkpoint.load(path, vocab_sha256=vocab_sha256).module(role, where=path)
-        modules[role].load_state_dict(record.state)
+        ckpt = checkpoint.load(path, vocab_sha256=vocab_sha256)
+        checkpoint.load_weights(modules[role], ckpt.module(role, where=path), path, run, role,
+                                str(ckpt.run.get("name") or expected[role]))  # the run that wrote it
 
 
 def run_record(spec: params_mod.RunSpec, dataset: str, run: str) -> dict[str, Any]:
@@ -183,7 +184,9 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     torch.set_num_threads(settings.num_threads)
     arch, model_params = settings.model.arch, dict(settings.model.sizes)
     model = build_model(arch, model_params, len(data.vocab), data.feat_dim, data.n_regions, where=f"models.{spec.model}")
-    train_refs = data.references("train")
+    lengths = compat.caption_lengths(params, dataset, settings.max_length, data.vocab.max_length)  # env.max_length's
+    run_checks.refuse(compat.length_problem(spec.source, spec.model, model.config, lengths))  # as the plan
+    train_refs = RewardReferences.from_labels(data.references("train"), data.labels, data.vocab)  # captions, labels
     rewards: dict[str, Any] = {}
     df = None
     embedding_inputs = embedding_inputs or EmbeddingInputs()
@@ -209,6 +212,9 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=settings.max_length,
                        global_sum=dist.sum, world_size=dist.world, extras=extras)
     objective = build_objective(spec.method, spec.options, env, model, where=f"runs.{run}")
+    reward_name = getattr(objective.options, "reward", None)
+    if reward_name:  # built now, a clip_s reward's CLIP or listener loaded: one that cannot load fails before any write
+        reward(reward_name)
     for path in dict.fromkeys(inits.values()):  # what a run starts from was trained on these data
         provenance.check_model_inputs(path, checkpoint.load(path).made_from, data.paths.features, data.features.attrs,
                                       data.paths.annotations, data.annotations)
@@ -229,12 +235,17 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     run_id = (checkpoint.resumable_run_id(previous, meta.config_hash) or None) if previous.exists() else None
     init_run_ids = {role: checkpoint.mlflow_run_id(path) for role, path in inits.items() if Path(path).is_file()}
     tags = train_tags(dataset, run, spec, init_run_ids)
+    # the trainer's start (its state resumed, or Adam's state carried from the init checkpoints: one without
+    # it fails here) before the MLflow run opens, so that a start that fails writes nothing
+    trainer = Trainer(model, objective, data, loop, make_validator(data, **val_decode), state_dir, meta, None, dist)
+    resumed = trainer.resume()
+    if not resumed:
+        trainer.start_optimizer(inits)
     with Tracker(settings.experiment, f"{dataset}/{run}/train", tags=tags, run_id=run_id, enabled=dist.main,
                  stage="train") as tracker:
-        trainer = Trainer(model, objective, data, loop, make_validator(data, **val_decode), state_dir, meta,
-                          tracker, dist)
+        trainer.tracker = tracker
         config = settings_config(settings)
-        if not trainer.resume():
+        if not resumed:
             tracker.log_params(config)
             tracker.log_text(yaml.safe_dump(config, sort_keys=False), "config.yaml")
         position = trainer.fit(data.split_ids("train"))

@@ -10,13 +10,13 @@ embedding reads in an evaluation or a clip_s reward (:meth:`Plan.evaluate_embedd
 :meth:`Plan.train_embedding`: a listener run's checkpoint, or the raw images), the attention-figure
 run of each dataset, the table files, and the runs it leaves out because their reward
 cannot run on this machine (:attr:`Plan.skipped`, with the reason; the tables show them).
-Pure Python, no file is read: ``build_plan(params)`` on a validated params dict.
+Pure Python, no file is read: ``build_plan(params)`` on a validated params dict. The datasets'
+files are :class:`caprl.workflow.datasets.Dataset`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,102 +29,16 @@ from caprl.io.layout import (  # noqa: F401  (re-exported: the Snakefile, DVC an
 from caprl import params as params_mod
 from caprl.errors import CaprlError
 from caprl.params import BOTTOMUP, RunSpec
+from caprl.workflow.datasets import (  # noqa: F401  (GENERATED...: re-exported, the Snakefile reads wp.<NAME>)
+    GENERATED, GENERATED_MEDIA, GENERATED_RAW, RAW_SIDE_FILES, Dataset, check_generated,
+)
 
 log = logging.getLogger(__name__)
 
-# -- path patterns; Snakemake fills the {wildcards}, the plan fills them with format() ------
-# what `caprl synthesize` writes, by raw format: the raw file and the media folder
-GENERATED = {"karpathy": ("data/raw/{dataset}/dataset_{dataset}.json", "data/raw/{dataset}/images"),
-             "tgif": ("data/raw/{dataset}/tgif-v1.0.tsv", "data/raw/{dataset}/gifs")}
-GENERATED_RAW, GENERATED_MEDIA = GENERATED["karpathy"]
-RAW_HELP = {
-    "karpathy": "Karpathy's split file dataset_coco.json / dataset_flickr30k.json from his caption_datasets release",
-    "tgif": "tgif-v1.0.tsv from the TGIF release, with its split lists train.txt, val.txt, test.txt beside it",
-}
-# backbone bottomup (caprl bottomup): where its TSV files come from; `caprl download` does not fetch them
-BOTTOMUP_HELP = ("trainval_36.zip from https://github.com/peteanderson80/bottom-up-attention, README 'Pretrained "
-                 "features', '36 features per image (fixed)': the COCO 2014 train+val images; unzipped it holds "
-                 "trainval_36/trainval_resnet101_faster_rcnn_genome_36.tsv. caprl download does not fetch it")
-# files a raw format reads beside its raw file (TGIF's official split lists)
-RAW_SIDE_FILES = {"tgif": ("train.txt", "val.txt", "test.txt")}
 BASELINE_RUN = "most-frequent"
 CPU_BACKBONES = ("patches", "tinycnn")  # the built-in cheap backbones: their feature jobs ask for no GPU
 # Stack-Cap Fig. 3 is drawn from the first (enabled, not skipped) run of this method and arch.
 ATTENTION_METHOD, ATTENTION_ARCH = "c2f", "stackcap"
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """An enabled dataset and its files. ``bottomup_tsv``: with backbone bottomup, the TSV files its
-    features file is converted from (``caprl bottomup``) instead of extracted from its images."""
-
-    name: str
-    format: str
-    raw: str
-    media_root: str
-    generate: bool
-    backbone: str
-    bottomup_tsv: tuple[str, ...] = ()
-
-    @property
-    def bottomup(self) -> bool:
-        return self.backbone == BOTTOMUP
-
-    @property
-    def annotations(self) -> str:
-        return ANNOTATIONS.format(dataset=self.name)
-
-    @property
-    def raw_files(self) -> list[str]:
-        """The raw file and the files its format reads beside it (TGIF: the split lists)."""
-        side = RAW_SIDE_FILES.get(self.format, ())
-        return [self.raw, *(os.path.join(os.path.dirname(self.raw), name) for name in side)]
-
-    @property
-    def vocab(self) -> str:
-        return VOCAB.format(dataset=self.name)
-
-    @property
-    def labels(self) -> str:
-        return LABELS.format(dataset=self.name)
-
-    @property
-    def cider_df(self) -> str:
-        return CIDER_DF.format(dataset=self.name)
-
-    @property
-    def features(self) -> str:
-        return FEATURES.format(dataset=self.name, backbone=self.backbone)
-
-    @property
-    def shard_dir(self) -> str:
-        return SHARD_DIR.format(dataset=self.name, backbone=self.backbone)
-
-    def shard(self, shard: int) -> str:
-        return SHARD.format(dataset=self.name, backbone=self.backbone, shard=shard)
-
-    def refs(self, split: str) -> str:
-        return REFS.format(dataset=self.name, split=split)
-
-    def log(self, name: str) -> str:
-        """``logs/<dataset>/<name>``."""
-        return f"{RAW_LOGS.format(dataset=self.name)}/{name}"
-
-    def missing_raw(self) -> str | None:
-        """Why the DAG cannot start for this dataset (its raw file or a bottom-up TSV is missing), or None."""
-        reasons = []
-        if not (self.generate or os.path.exists(self.raw)):
-            what = RAW_HELP.get(self.format, "the raw file its reader (format) reads")
-            reasons.append(f"datasets.{self.name}.raw: {self.raw} does not exist. Put the dataset's raw file there "
-                           f"({what}) and its media under {self.media_root}, or set "
-                           f"datasets.{self.name}.enabled: false. See docs/real-data.md.")
-        missing = [path for path in self.bottomup_tsv if not os.path.exists(path)]
-        if missing:
-            reasons.append(f"datasets.{self.name}.bottomup_tsv: {', '.join(missing)} "
-                           f"{'does' if len(missing) == 1 else 'do'} not exist. Put the bottom-up features there "
-                           f"({BOTTOMUP_HELP}), or drop bottomup_tsv and set datasets.{self.name}.backbone to one "
-                           f"caprl extracts from images ({', '.join(_image_backbones())}). See docs/real-data.md.")
-        return "\n".join(reasons) or None
 
 
 @dataclass(frozen=True)
@@ -187,13 +101,6 @@ class TrainJob:
     def settings(self, params: dict[str, Any]) -> dict[str, Any]:
         """``{key: value}`` of :meth:`settings_keys` (None for a key params does not hold)."""
         return {key: lookup(params, key) for key in self.settings_keys(params)}
-
-
-def _image_backbones() -> list[str]:
-    """The backbones caprl extracts features with (the registry's names)."""
-    from caprl.features.backbones import BACKBONES
-
-    return list(BACKBONES)
 
 
 def lookup(params: dict[str, Any], key: str, missing: Any = None) -> Any:
@@ -381,7 +288,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
         build_reader(spec["format"], name)  # a format whose reader has not landed is an error now
         if spec["backbone"] != BOTTOMUP:  # (bottomup: converted from TSVs, checked with its files)
             run_checks.refuse(run_checks.name_problem(BACKBONES, spec["backbone"], f"datasets.{name}.backbone"))
-        _check_generated(spec)
+        check_generated(spec)
         published.check_dataset(params, name)  # datasets.<name>.published: registered sets of this dataset
         datasets[name] = Dataset(name, spec["format"], spec["raw"], spec["media_root"], spec["generate"],
                                  spec["backbone"], tuple(spec.get("bottomup_tsv", ())))
@@ -404,11 +311,13 @@ def build_plan(params: dict[str, Any]) -> Plan:
 def _check_runs(plan: Plan) -> None:
     """What each run asks of its method (:mod:`caprl.objectives.run_checks`, the checks the stages make too):
     init roles its method has, ``init.model`` from a run that trains a caption model, and an
-    evaluation decoder that is registered and whose module the method trains, options that are the method's."""
+    evaluation decoder that is registered and whose module the method trains, options that are the method's;
+    and what it asks of its caption model (:mod:`caprl.workflow.model_checks`)."""
     from caprl.decoding import DECODERS
     from caprl.decoding import lookahead  # noqa: F401  (registers the lookahead decoder)
     from caprl.decoding import options as decode_options
     from caprl.objectives import run_checks
+    from caprl.workflow import model_checks
 
     for (ds, _), job in plan.jobs.items():
         spec = job.spec
@@ -419,12 +328,12 @@ def _check_runs(plan: Plan) -> None:
         if origin is not None:
             run_checks.refuse(run_checks.init_model_problem(spec.source, origin.spec.source, origin.spec.method,
                                                             origin.spec.init))
+        model_checks.check_job(plan.params, job, plan.jobs)
         _check_reward_embedding(plan, job)
         if job.captioner:
             key = run_checks.decode_key(plan.params, job.run)
             run_checks.refuse(run_checks.name_problem(DECODERS, spec.decode["method"], key))
-            own = (plan.params["runs"].get(job.run) or {}).get("decode")  # the run's decode: over decode:
-            run_checks.refuse(decode_options.options_problem(spec.decode, f"runs.{job.run}.decode" if own else "decode"))
+            run_checks.refuse(decode_options.run_options_problem(plan.params, job.run, spec.decode, name_run=False))
             run_checks.refuse(run_checks.decoder_problem(job.run, spec.method, spec.decode["method"], key))
 
 
@@ -443,20 +352,6 @@ def _check_reward_embedding(plan: Plan, job: TrainJob) -> None:
     if source is not None and (job.dataset, source) not in plan.jobs:
         raise CaprlError(f"rewards.{reward}.listener: run {job.run} is rewarded by CLIP-S in the listener of run "
                          f"'{source}', which does not train on dataset {job.dataset} (add it there, or name another)")
-
-
-def _check_generated(spec: dict[str, Any]) -> None:
-    """A generated dataset lives where the synthesize rule of its format writes it."""
-    if not spec["generate"]:
-        return
-    name = spec["name"]
-    if spec["format"] not in GENERATED:
-        raise CaprlError(f"datasets.{name}.generate: the built-in generator writes {', '.join(GENERATED)}, "
-                         f"not '{spec['format']}'")
-    for key, pattern in zip(("raw", "media_root"), GENERATED[spec["format"]]):
-        if spec[key] != pattern.format(dataset=name):
-            raise CaprlError(f"datasets.{name}.{key}: a generated dataset (generate: true) is written to "
-                             f"{pattern.format(dataset=name)}; set {key} to that")
 
 
 def skipped_runs(params: dict[str, Any], dataset: str) -> dict[str, str]:

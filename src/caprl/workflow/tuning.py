@@ -14,7 +14,13 @@ researcher copies the choice into params.yaml and cites the report (as params.ya
 Outputs: ``results/tuning/<dataset>.md`` (a table per tuned run) and ``.json``::
 
     {"dataset", "budget", "runs": {run: {"method", "select", "points": [{"run", "options",
-     "best", "epoch", "start"}], "chosen": {option: value}, "current": {option: value}}}}
+     "best", "epoch", "start"}], "chosen": {option: value}, "current": {option: value},
+     "tuned_at": label}}}
+
+Re-tuning some runs only (their code or model changed; the others' points still stand):
+``--merge OLD.json NEW.json`` writes the report of params.yaml's ``tuning.runs`` from NEW's
+entries where it has them, else OLD's, each keeping the ``tuned_at`` label it was made with
+(``--tuned-at``: the commit or date of this tuning), so the report says which code chose what.
 """
 
 from __future__ import annotations
@@ -75,6 +81,25 @@ def report(params: dict[str, Any], dataset: str, root: Path = Path(".")) -> dict
     return {"dataset": dataset, "budget": params["tuning"]["budget"], "runs": runs}
 
 
+def merge(params: dict[str, Any], old: dict[str, Any], new: dict[str, Any], where: str) -> dict[str, Any]:
+    """The report of params' tuning runs from ``new``'s entries where it has them, else ``old``'s
+    (a run neither holds is an error: tune it); ``current`` is read again from params."""
+    if old["dataset"] != new["dataset"] or old["budget"] != new["budget"] != params["tuning"]["budget"]:
+        raise CaprlError(f"{where}: the reports are of other datasets or budgets ({old['dataset']}/{old['budget']}, "
+                         f"{new['dataset']}/{new['budget']}, params.yaml's budget {params['tuning']['budget']})")
+    runs: dict[str, Any] = {}
+    for run, grid in params["tuning"]["runs"].items():
+        if new["dataset"] not in params_mod.run_spec(params, run).datasets:
+            continue
+        entry = new["runs"].get(run) or old["runs"].get(run)
+        if entry is None:
+            raise CaprlError(f"{where}: neither report has tuning points of run {run}; tune it "
+                             f"(`snakemake tuning` with tuning.runs naming it)")
+        current = {option: params_mod.run_spec(params, run).options[option] for option in grid}
+        runs[run] = {**entry, "current": current}
+    return {"dataset": new["dataset"], "budget": new["budget"], "runs": runs}
+
+
 def _value(value: Any) -> str:
     return format(value, "g") if isinstance(value, float) else str(value)
 
@@ -103,6 +128,7 @@ def markdown(result: dict[str, Any]) -> str:
         index = [p["options"] for p in entry["points"]].index(entry["chosen"])
         edge = (" The choice is at the grid's edge: a wider grid could do better (a larger budget for every "
                 "method compared).") if len(options) == 1 and index in (0, len(entry["points"]) - 1) else ""
+        edge += f" Tuned at {entry['tuned_at']}." if entry.get("tuned_at") else ""
         lines += ["", f"params.yaml runs.{run}: {current} — "
                   + ("the choice." if same else "**not the choice**: set it to "
                      + ", ".join(f"{k} {_value(v)}" for k, v in entry["chosen"].items()) + ".") + edge, ""]
@@ -113,13 +139,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="dataset name under datasets: in params.yaml")
     parser.add_argument("--out-md", required=True)
     parser.add_argument("--out-json", required=True)
+    parser.add_argument("--tuned-at", default=None, help="a label (commit, date) recorded in each run's entry (not with --merge)")
+    parser.add_argument("--merge", nargs=2, metavar=("OLD", "NEW"), default=None,
+                        help="write the report of params.yaml's tuning.runs from NEW's entries, else OLD's "
+                             "(re-tuning some runs only); no histories are read")
 
 
 def main(args: argparse.Namespace) -> None:
     params = params_mod.load(args.params)
     if not (params.get("tuning") or {}).get("runs"):
         raise CaprlError(f"{args.params}: tuning.runs is empty: nothing to report")
-    result = report(params, args.dataset)
+    if args.merge:
+        old, new = (io.read_json(path, "a tuning report") for path in args.merge)
+        result = merge(params, old, new, where=" + ".join(args.merge))
+    else:
+        result = report(params, args.dataset)
+        for entry in result["runs"].values():  # a merge keeps each entry's own label
+            if args.tuned_at:
+                entry["tuned_at"] = args.tuned_at
     io.write_json(args.out_json, result)
     io.write_text(args.out_md, markdown(result) + "\n")
     for run, entry in result["runs"].items():
