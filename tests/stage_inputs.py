@@ -71,7 +71,9 @@ def degenerate_checkpoint(dataset: DatasetPaths, run: str, method: str, word: st
 def research_dataset(workdir: Path) -> DatasetPaths:
     """The TINY synthetic set through the real stages, with its test references."""
     params = merge(default_params(), TINY)
-    params["runs"]["fc-scst"] = {"method": "scst", "model": "fc", "init": {"model": "fc-xe"}}
+    # its inits are degenerate_checkpoint's, made by hand: no Adam to carry (init_optimizer's default)
+    params["runs"]["fc-scst"] = {"method": "scst", "model": "fc", "init": {"model": "fc-xe"},
+                                 "options": {"init_optimizer": "fresh"}}
     params["evaluate"]["metrics"] = ["bleu", "cider_d"]
     params["features"]["shards"] = [0]
     return build_dataset(workdir, params, references=["test"])
