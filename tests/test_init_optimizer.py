@@ -143,6 +143,7 @@ def test_a_carry_from_a_checkpoint_without_optimiser_state_fails_before_the_run_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")
     params = yaml.safe_load(dataset.params.read_text())
     assert params["objectives"]["scst"]["init_optimizer"] == "carry"
+    params["runs"]["fc-scst"]["options"].pop("init_optimizer")  # research_dataset's fresh: scst's own, carry
     start = degenerate_checkpoint(dataset, "fc-xe", "xe", "a", work / "fc-xe.pt")  # no optimiser state in it
     out = work / "out"
     proc = caprl("train", write_params(work, params), "--dataset", "synthetic", "--run", "fc-scst",
