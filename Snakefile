@@ -1,6 +1,7 @@
 # caprl: raw data -> features -> vocabulary -> XE -> RL -> evaluation -> tables, for every
 # enabled dataset of params.yaml. Every rule runs one `caprl <stage>` command; the jobs come
-# from caprl.workflow.plan, which `caprl dvc-yaml` also uses to write dvc.yaml.
+# from caprl.workflow.plan, which `caprl dvc-yaml` also uses to write dvc.yaml. The papers' claims
+# (all_claims, claims_<paper>) run this workflow again per claims seed, as modules (claims.smk).
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -12,13 +13,16 @@ configfile: "params.yaml"
 report: "workflow/report/workflow.rst"
 
 
+# A claims seed's module (workflow/rules/claims.smk) is this workflow with the seed's params and
+# where its files go; the main workflow has no such key.
+CLAIMS_SEED = config.pop("claims_seed", None)
 validate(config, "workflow/schemas/params.schema.yaml")
 
 
 # After `dvc pull`, `dvc checkout` or `dvc commit` (dvc.lock changed), the outputs DVC reports
 # up to date get modification times in the DAG's order, so Snakemake re-runs none of them
 # (caprl.workflow.dvc_sync; a no-op without a new dvc.lock).
-if workflow.is_main_process:
+if workflow.is_main_process and CLAIMS_SEED is None:
     from caprl.workflow.dvc_sync import sync_after_dvc
 
     sync_after_dvc()
@@ -36,6 +40,9 @@ include: "workflow/rules/tuning.smk"
 
 
 check_resources(workflow.rules)  # resources: in params.yaml names rules of this workflow
+if CLAIMS_SEED is None:
+
+    include: "workflow/rules/claims.smk"
 
 
 rule all_tables:

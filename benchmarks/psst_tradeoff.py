@@ -5,7 +5,7 @@
 Paper 004 compares its methods "at matched CIDEr" because each method's λ traces a curve from
 natural (low λ: high CIDEr-D, low recall) to discriminative (high λ). This reads every run's
 validation point (val CIDEr-D of its evaluation decoding, val R@10 of its greedy captions: the
-numbers the operating points are chosen on) from the per-seed values ``benchmarks/claims.py``
+numbers the operating points are chosen on) from the per-seed values the claims (``snakemake claims_004``)
 stored, and prints, per method (and ρ), over every seed and λ: Spearman's rank correlation of λ
 with val CIDEr-D, of λ with val R@10, and of val CIDEr-D with val R@10 (a trade-off: negative);
 then, per seed, whether Table 2's six validation curves overlap in CIDEr-D at all (the highest of

@@ -1,27 +1,22 @@
-"""benchmarks/claims.py: paired intervals, verdicts, and the claims configurations themselves."""
+"""caprl.claims: paired intervals, verdicts, and the claims configurations themselves."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 import yaml
 from scipy import stats
 
-from conftest import REPO
-
-spec = importlib.util.spec_from_file_location("claims", REPO / "benchmarks" / "claims.py")
-claims = importlib.util.module_from_spec(spec)
-sys.modules["claims"] = claims
-spec.loader.exec_module(claims)
+from caprl.claims import collect, configs, pages, verdicts
+from caprl.errors import CaprlError
+from conftest import REPO, default_params
 
 
 def test_the_interval_is_students_t_over_the_paired_differences():
     diffs = [1.0, 2.0, 0.5, 1.5, 3.0]
-    mean, sd, lo, hi = claims.interval(diffs)
+    mean, sd, lo, hi = verdicts.interval(diffs)
     ref = stats.t.interval(0.95, len(diffs) - 1, loc=sum(diffs) / 5, scale=stats.sem(diffs))
     assert mean == pytest.approx(1.6) and sd == pytest.approx(stats.tstd(diffs))
     assert (lo, hi) == pytest.approx(ref)
@@ -33,7 +28,7 @@ def test_the_interval_is_students_t_over_the_paired_differences():
     ("at_least", -0.9, 0.5, 1.0, "holds"), ("at_least", -1.5, 0.5, 1.0, "unresolved"),
     ("at_least", -3.0, -1.2, 1.0, "reversed")])
 def test_verdicts(kind, lo, hi, margin, verdict):
-    assert claims.verdict(kind, lo, hi, margin) == verdict
+    assert verdicts.verdict(kind, lo, hi, margin) == verdict
 
 
 def seed_result(a: float, b: float, look: float) -> dict:
@@ -52,14 +47,14 @@ def test_resolve_pairs_seeds_reads_metrics_tables_and_other_metrics_of_one_run()
         {"id": "z", "text": "cells", "dataset": "ds", "a": {"table": "psst_table2", "row": "PSST Multinomial",
                                                             "column": "R@10"},
          "b": {"table": "psst_table2", "row": "Luo et al. 2018", "column": "R@10"}, "kind": "greater"}]}
-    x, y, z = claims.resolve(config, per_seed)
+    x, y, z = verdicts.resolve(config, per_seed)
     assert x["a"] == pytest.approx([101, 102, 103, 104, 105]) and x["b"] == pytest.approx([90.0] * 5)  # in %
     assert x["diff"] == pytest.approx(13.0) and x["verdict"] == "holds" and x["n"] == 5
     assert y["mean_a"] == pytest.approx(120.0) and y["verdict"] == "holds"
     assert z["a"] == [41.5] * 5 and all(math.isnan(v) for v in z["b"])
     assert z["verdict"] == "unresolved" and z["n"] == 5 and z["n_read"] == 0  # a curve that never reaches the point
     assert z["missing"][0] == "seed 1: psst_table2 has no value in row 'Luo et al. 2018', column 'R@10'"
-    md = claims.paper_markdown({"paper": "9", "title": "t"}, [x, y, z],
+    md = verdicts.paper_markdown({"paper": "9", "title": "t"}, [x, y, z],
                                {"n_seeds": 5, "seeds": [1, 2, 3, 4, 5], "test_images": 1000, "seconds": 1,
                                 "cores": 2, "commit": "abc", "date": "2026-01-01", "config": "c.yaml"})
     assert "| a > b |" in md and "**holds**" in md and "**unresolved**" in md
@@ -69,10 +64,10 @@ def test_sides_equal_in_every_seed_are_unresolved_and_say_why():
     per_seed = {s: seed_result(1.0, 1.0, 1.0) for s in range(1, 6)}
     config = {"seeds": [1, 2, 3, 4, 5], "claims": [{"id": "x", "text": "a > b", "a": "ds/a", "b": "ds/b", "metric": "metrics.CIDEr-D",
                           "kind": "greater"}]}
-    (x,) = claims.resolve(config, per_seed)
+    (x,) = verdicts.resolve(config, per_seed)
     assert x["verdict"] == "unresolved" and x["diff"] == 0.0 and "same weights" in x["why"]
     per_seed[3]["runs"]["ds/a"]["metrics"]["CIDEr-D"] = 1.01  # one seed differs: no such note
-    (y,) = claims.resolve(config, per_seed)
+    (y,) = verdicts.resolve(config, per_seed)
     assert "why" not in y
 
 
@@ -85,9 +80,9 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
     as test images (validation recall is on the test recall's scale)."""
     from caprl import params as params_mod
 
-    config = claims.load_config(path)
-    assert len(config["seeds"]) >= claims.MIN_SEEDS and path.name.startswith(config["paper"])
-    params = claims.seed_params(config, config["seeds"][0])
+    config = configs.load_config(path)
+    assert len(config["seeds"]) >= configs.MIN_SEEDS and path.name.startswith(config["paper"])
+    params = configs.seed_params(default_params(), config, config["seeds"][0])
     matched_recall = any(isinstance(c[side], dict) and c[side]["table"] in ("psst_table1", "psst_table6")
                          for c in config["claims"] for side in ("a", "b"))
     assert params["synthetic"]["n_test"] >= (500 if matched_recall else 1000)
@@ -99,7 +94,7 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
             if isinstance(ref, str):
                 assert ref.split("/", 1)[1] in runs, (claim["id"], ref)
             else:
-                dataset = claims.ref_dataset(claim, ref)
+                dataset = verdicts.ref_dataset(claim, ref)
                 assert ref["table"] in params["tables"], (claim["id"], ref)
                 assert ref["table"] in params_mod.dataset_tables(params, dataset), (claim["id"], ref)
                 if ref["table"] in ("psst_table1", "psst_table6"):
@@ -107,34 +102,8 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
 
 
 def test_the_five_papers_state_at_least_32_claims():
-    configs = [claims.load_config(p) for p in sorted((REPO / "configs" / "claims").glob("00[0-4]_*.yaml"))]
-    assert len(configs) == 5 and sum(len(c["claims"]) for c in configs) >= 32
-
-
-@pytest.mark.e2e
-def test_seeds_run_the_real_workflow_in_a_relative_workdir_two_at_a_time(tmp_path, monkeypatch):
-    """run_seeds with a relative folder (the default --workdir, claims/): the real Snakemake builds each
-    seed's scores there, once (the folder was resolved twice: claims/p/seed1/claims/p/seed1), two seeds'
-    workflows side by side (--seed-jobs 2), returned in the config's seed order."""
-    from conftest import TINY
-
-    monkeypatch.chdir(tmp_path)
-    config = {"params": {**{k: v for k, v in TINY.items() if k != "runs"}, "runs": ["fc-xe"],
-                         "evaluate": {"metrics": ["bleu", "cider_d"], "diversity": {"methods": []}}},
-              "claims": []}
-    finished = []
-    per_seed = claims.run_seeds(config, [2, 1], claims.Path("claims") / "p", cores=2, at_once=2,
-                                done=lambda seed, out: finished.append(seed))
-    assert list(per_seed) == [2, 1] and sorted(finished) == [1, 2]
-    for seed, out in per_seed.items():
-        scores = out["runs"]["synthetic/fc-xe"]
-        assert scores["n_images"] == TINY["synthetic"]["n_test"] and 0 <= scores["metrics"]["CIDEr-D"]
-        assert 0 <= out["validation"]["synthetic/fc-xe"]["CIDEr-D"]  # its score file's: the evaluated checkpoint's epoch
-        assert (tmp_path / "claims" / "p" / f"seed{seed}" / "params.yaml").exists()
-        assert not (tmp_path / "claims" / "p" / f"seed{seed}" / "claims").exists()
-    assert per_seed[1]["runs"] != per_seed[2]["runs"]  # each seed its own data and weights
-    with pytest.raises(SystemExit, match="at least 1"):
-        claims.run_seeds(config, [1], claims.Path("claims") / "p", cores=2, at_once=0)
+    loaded = [configs.load_config(p) for p in sorted((REPO / "configs" / "claims").glob("00[0-4]_*.yaml"))]
+    assert len(loaded) == 5 and sum(len(c["claims"]) for c in loaded) >= 32
 
 
 def test_the_commit_is_dirty_for_code_not_for_the_claims_own_outputs(tmp_path, monkeypatch):
@@ -148,12 +117,11 @@ def test_the_commit_is_dirty_for_code_not_for_the_claims_own_outputs(tmp_path, m
     for name in ("README.md", "results/claims/000.md", "code.py"):
         (tmp_path / name).write_text("a\n")
     git("add", "."); git("commit", "-qm", "x")
-    monkeypatch.setattr(claims, "REPO", tmp_path)
     (tmp_path / "README.md").write_text("b\n")  # the summary --readme writes after each paper
     (tmp_path / "results" / "claims" / "000.md").write_text("b\n")
-    assert not claims.commit().endswith("-dirty")
+    assert not pages.commit(tmp_path).endswith("-dirty")
     (tmp_path / "code.py").write_text("b\n")
-    assert claims.commit().endswith("-dirty")
+    assert pages.commit(tmp_path).endswith("-dirty")
 
 
 
@@ -179,25 +147,24 @@ def test_scores_made_by_other_code_than_the_label_are_said(tmp_path, monkeypatch
     (tmp_path / "README.md").write_text("b\n")
     git("commit", "-qam", "docs")
     head = git("rev-parse", "--short=7", "HEAD")
-    monkeypatch.setattr(claims, "REPO", tmp_path)
 
     def seed(*commits):
         return {"runs": {f"synthetic/r{i}": {"provenance": {"git_commit": c}} for i, c in enumerate(commits)}}
 
     per_seed = {1: seed(code, head), 2: seed(old)}
-    assert claims.made_at(per_seed) == sorted({code[:7], head, old[:7]})
-    assert claims.other_code(claims.made_at(per_seed), head) == [old[:7]]
-    assert claims.other_code([code[:7], head], head + "-dirty") == []  # docs only between them
+    assert pages.made_at(per_seed) == sorted({code[:7], head, old[:7]})
+    assert pages.other_code(pages.made_at(per_seed), head, tmp_path) == [old[:7]]
+    assert pages.other_code([code[:7], head], head + "-dirty", tmp_path) == []  # docs only between them
     meta = {"n_seeds": 2, "seeds": [1, 2], "test_images": 10, "seconds": 1, "cores": 2, "commit": head,
-            "date": "2026-01-01", "config": "c.yaml", "made_at": claims.made_at(per_seed), "other_code": [old[:7]]}
-    md = claims.paper_markdown({"paper": "9", "title": "t"}, [], meta)
-    assert f"**Scores made by other code:** {old[:7]}" in md and "fresh `--workdir`" in md
-    same = claims.paper_markdown({"paper": "9", "title": "t"}, [], {**meta, "made_at": [code[:7], head], "other_code": []})
+            "date": "2026-01-01", "config": "c.yaml", "made_at": pages.made_at(per_seed), "other_code": [old[:7]]}
+    md = verdicts.paper_markdown({"paper": "9", "title": "t"}, [], meta)
+    assert f"**Scores made by other code:** {old[:7]}" in md and "remove claims/9/" in md
+    same = verdicts.paper_markdown({"paper": "9", "title": "t"}, [], {**meta, "made_at": [code[:7], head], "other_code": []})
     assert "other code" not in same and f"(the same code as {head})" in same
     out = tmp_path / "out"
     out.mkdir()
     (out / "009.json").write_text(json.dumps({"paper": "009", "meta": meta, "results": []}))
-    assert f"scores made by other code: {old[:7]}" in claims.summary_markdown(out)
+    assert f"scores made by other code: {old[:7]}" in verdicts.summary_markdown(out)
 
 
 # ---------------------------------------------------------------- every seed of the config, or no verdict
@@ -221,15 +188,15 @@ def test_a_seed_whose_value_is_missing_makes_the_claim_unresolved_not_a_verdict_
     four left are not a random sample of the seeds: no verdict, the seed and the reason named."""
     per_seed = {s: cell_seed(f"{50 + s}.0", "40.0") for s in SEEDS}
     per_seed[3] = cell_seed("—", "40.0", ["PSST Multinomial: its runs' CIDEr-D spans 1.150–1.350, not 1.050."])
-    (r,) = claims.resolve({"seeds": SEEDS, "claims": [CELL_CLAIM]}, per_seed)
+    (r,) = verdicts.resolve({"seeds": SEEDS, "claims": [CELL_CLAIM]}, per_seed)
     assert r["verdict"] == "unresolved" and r["n"] == 5 and r["n_read"] == 4
     assert math.isnan(r["lo"]) and math.isnan(r["hi"]) and math.isnan(r["diff"])
     assert r["missing"] == ["seed 3: PSST Multinomial's curve does not reach the operating point (psst_table2, "
                             "R@10: its runs' CIDEr-D spans 1.150–1.350, not 1.050)"]
-    line = claims.claim_line(r)
+    line = verdicts.claim_line(r)
     assert "| 5 | **unresolved**: seed 3: PSST Multinomial's curve does not reach the operating point" in line
     per_seed[3] = cell_seed("53.0", "40.0")  # every seed read: the verdict of all five
-    (r,) = claims.resolve({"seeds": SEEDS, "claims": [CELL_CLAIM]}, per_seed)
+    (r,) = verdicts.resolve({"seeds": SEEDS, "claims": [CELL_CLAIM]}, per_seed)
     assert r["verdict"] == "holds" and r["n"] == 5 and not r["missing"]
 
 
@@ -241,7 +208,7 @@ def test_a_missing_run_metric_or_seed_makes_the_claim_unresolved_with_the_seed_n
     del per_seed[2]["runs"]["ds/b"]  # its run failed to score
     per_seed[4]["runs"]["ds/a"]["metrics"]["CIDEr-D"] = math.nan
     del per_seed[5]  # not run (--seeds 4)
-    (x,) = claims.resolve(config, per_seed)
+    (x,) = verdicts.resolve(config, per_seed)
     assert x["verdict"] == "unresolved" and x["n"] == 5 and x["n_read"] == 2
     assert x["missing"] == ["seed 2: run ds/b has no scores", "seed 4: run ds/a's metrics.CIDEr-D is not a number (nan)",
                             "seed 5: not run"]
@@ -255,25 +222,25 @@ def test_a_claims_config_fixes_at_least_5_seeds_and_states_every_claim(tmp_path)
     def load(config):
         path = tmp_path / "c.yaml"
         path.write_text(yaml.safe_dump(config))
-        return claims.load_config(path)
+        return configs.load_config(path)
 
     assert load(good)["seeds"] == SEEDS
     for bad in ({"seeds": [1, 2, 3, 4]}, {"seeds": [1, 2, 3, 4, 4]}):
-        with pytest.raises(SystemExit, match="at least 5 distinct"):
+        with pytest.raises(CaprlError, match="at least 5 distinct"):
             load({**good, **bad})
     claim = good["claims"][0]
-    with pytest.raises(SystemExit, match="missing \\['source'\\]"):
+    with pytest.raises(CaprlError, match="missing \\['source'\\]"):
         load({**good, "claims": [{k: v for k, v in claim.items() if k != "source"}]})
-    with pytest.raises(SystemExit, match="margin_reason"):
+    with pytest.raises(CaprlError, match="margin_reason"):
         load({**good, "claims": [{**claim, "kind": "at_least", "margin": 1.0}]})
-    with pytest.raises(SystemExit, match="at_least claims only"):
+    with pytest.raises(CaprlError, match="at_least claims only"):
         load({**good, "claims": [{**claim, "margin": 1.0}]})
     assert load({**good, "claims": [{**claim, "kind": "at_least", "margin": 1.0,
                                      "margin_reason": "the paper: comparable"}]})
 
 
 def test_the_legend_says_what_a_verdict_means_for_each_kind():
-    md = claims.paper_markdown({"paper": "9", "title": "t"}, [], {
+    md = verdicts.paper_markdown({"paper": "9", "title": "t"}, [], {
         "n_seeds": 5, "seeds": SEEDS, "test_images": 1000, "seconds": 1, "cores": 2, "commit": "abc",
         "date": "2026-01-01", "config": "c.yaml"})
     assert "above -m" in md and "below -m" in md and "above 0" in md  # margin claims: not 'above 0'
@@ -348,20 +315,20 @@ def test_the_claims_read_tables_built_on_validation_and_an_unreached_point_leave
         (folder / "scores.json").write_text(json.dumps(reports[f"synthetic/{run}"]))
         (folder / "retrieval.json").write_text(json.dumps(retrieval))
     first = next(iter(scores))
-    assert claims.validation_numbers(tmp_path, reports)[f"synthetic/{first}"] == pytest.approx(val[first])
-    with pytest.raises(SystemExit, match=f"synthetic/{first}/scores.json: no validation numbers"):
-        claims.validation_numbers(tmp_path, {f"synthetic/{first}": scores[first]})
-    built = claims.seed_tables(params, tmp_path, [("synthetic", "psst_table2")])["synthetic/psst_table2"]
+    assert collect.validation_numbers(tmp_path, reports)[f"synthetic/{first}"] == pytest.approx(val[first])
+    with pytest.raises(CaprlError, match=f"synthetic/{first}/scores.json: no validation numbers"):
+        collect.validation_numbers(tmp_path, {f"synthetic/{first}": scores[first]})
+    built = collect.seed_tables(params, tmp_path, [("synthetic", "psst_table2")])["synthetic/psst_table2"]
     assert "CIDEr-D = 1.050 (auto, chosen on validation" in built["title"]
     assert (tmp_path / "claims_tables" / "synthetic_psst_table2.md").exists()
     seed = {"runs": {}, "tables": {"synthetic/psst_table2": built["csv"]},
             "table_notes": {"synthetic/psst_table2": [built["title"], *built["notes"]]}}
     claim = {**CELL_CLAIM, "dataset": "synthetic"}
-    assert claims.value_of(seed, claim, "b") == pytest.approx(50.0)  # Luo's val 1.05: its test 1.25 run
-    with pytest.raises(claims.Missing, match="PSST Multinomial's curve does not reach the operating point"):
-        claims.value_of(seed, claim, "a")
+    assert verdicts.value_of(seed, claim, "b") == pytest.approx(50.0)  # Luo's val 1.05: its test 1.25 run
+    with pytest.raises(verdicts.Missing, match="PSST Multinomial's curve does not reach the operating point"):
+        verdicts.value_of(seed, claim, "a")
     per_seed = {s: seed for s in SEEDS}
-    (r,) = claims.resolve({"seeds": SEEDS, "claims": [claim]}, per_seed)
+    (r,) = verdicts.resolve({"seeds": SEEDS, "claims": [claim]}, per_seed)
     assert r["verdict"] == "unresolved" and len(r["missing"]) == 5
 
 

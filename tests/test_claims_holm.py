@@ -1,24 +1,21 @@
-"""benchmarks/claim_verdicts.py: the paired t-test's p, Holm-Bonferroni over a paper's claims, the
-counts both ways, and claims.py's --render-only (the pages again from the stored values)."""
+"""caprl.claims.verdicts: the paired t-test's p, Holm-Bonferroni over a paper's claims, the counts
+both ways, and ``caprl claims --render-only`` (the pages again from the stored values)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from types import SimpleNamespace
 
 import pytest
 from scipy import stats
 
-from conftest import REPO
+import yaml
 
-spec = importlib.util.spec_from_file_location("claims", REPO / "benchmarks" / "claims.py")
-claims = importlib.util.module_from_spec(spec)
-sys.modules["claims"] = claims
-spec.loader.exec_module(claims)
-import claim_verdicts as cv  # noqa: E402  (claims.py put benchmarks/ on the path)
+from caprl.claims import pages
+from caprl.claims import verdicts
+from caprl.claims import verdicts as cv
+from caprl.errors import CaprlError
+from conftest import REPO
 
 SEEDS = [1, 2, 3, 4, 5]
 
@@ -80,20 +77,20 @@ GAPS = {"strong": [0.5, 0.6, 0.55, 0.45, 0.5],  # a clear difference: holds both
 
 def test_a_claim_that_holds_alone_is_unresolved_after_holm_and_the_pages_say_both():
     config = {"paper": "9", "title": "t", "seeds": SEEDS, "claims": [claim(i) for i in GAPS]}
-    results = claims.resolve(config, per_seed(GAPS))
+    results = verdicts.resolve(config, per_seed(GAPS))
     by = {r["id"]: r for r in results}
     weak = by["weak"]
     assert weak["verdict"] == "holds" and weak["lo"] > 0 and weak["p"] < 0.05
     assert weak["p_holm"] >= 0.05 and weak["holm"] == "unresolved"
     assert by["strong"]["verdict"] == by["strong"]["holm"] == "holds"
     assert all(r["holm_m"] == 4 for r in results)
-    line = claims.claim_line(weak)
+    line = verdicts.claim_line(weak)
     assert line.endswith(f"| **holds** | {weak['p']:.3f} | {weak['p_holm']:.3f} | **unresolved** |")
     assert cv.counts(results, "verdict") == {"holds": 2, "reversed": 0, "unresolved": 2}
     assert cv.counts(results, "holm") == {"holds": 1, "reversed": 0, "unresolved": 3}
     meta = {"n_seeds": 5, "seeds": SEEDS, "test_images": 10, "seconds": 1, "cores": 2, "commit": "abc",
             "date": "2026-01-01", "config": "c.yaml"}
-    md = claims.paper_markdown(config, results, meta)
+    md = verdicts.paper_markdown(config, results, meta)
     assert "the family is this paper's 4 claims" in md and "enters the family with p = 1" in md
     assert "by their 95% intervals 2 hold, 0 reversed, 2 unresolved; after Holm over the 4: 1 hold" in md
 
@@ -101,23 +98,23 @@ def test_a_claim_that_holds_alone_is_unresolved_after_holm_and_the_pages_say_bot
 def test_the_summary_counts_both_ways_per_paper_and_in_total(tmp_path):
     meta = {"commit": "abc", "date": "2026-01-01"}
     config = {"seeds": SEEDS, "claims": [claim(i) for i in GAPS]}
-    results = claims.resolve(config, per_seed(GAPS))
+    results = verdicts.resolve(config, per_seed(GAPS))
     (tmp_path / "001.json").write_text(json.dumps({"paper": "001", "meta": meta, "results": results}))
-    missing = claims.resolve({"seeds": SEEDS, "claims": [claim("strong")]}, {1: per_seed(GAPS)[1]})
+    missing = verdicts.resolve({"seeds": SEEDS, "claims": [claim("strong")]}, {1: per_seed(GAPS)[1]})
     assert missing[0]["verdict"] == missing[0]["holm"] == "unresolved"  # seeds 2-5 not run: not tested
     (tmp_path / "002.json").write_text(json.dumps({"paper": "002", "meta": meta, "results": missing}))
-    summary = claims.summary_markdown(tmp_path)
+    summary = verdicts.summary_markdown(tmp_path)
     assert "| 001 | 4 | 2 / 0 / 2 | 1 / 0 / 3 |" in summary
     assert "| 002 | 1 | 0 / 0 / 1 | 0 / 0 / 1 |" in summary
     assert "| **total** | 5 | 2 / 0 / 3 | 1 / 0 / 4 |" in summary
     assert "| 002 | strong: a > b |" in summary and "seed 2: not run" in summary
 
 
-def test_render_only_redecides_the_stored_values_without_the_workflow(tmp_path, monkeypatch):
+def test_render_only_redecides_the_stored_values_without_the_workflow(tmp_path):
     """A json as an earlier run wrote it (no p, no Holm): --render-only adds them from each claim's
     stored per-seed values, keeps those values and the per-seed data, and stamps the page."""
     config = {"paper": "009", "title": "t", "seeds": SEEDS, "params": {}, "claims": [claim(i) for i in GAPS]}
-    results = claims.resolve(config, per_seed(GAPS))
+    results = verdicts.resolve(config, per_seed(GAPS))
     old = [{k: v for k, v in r.items() if k not in ("p", "p_holm", "holm", "holm_m")} for r in results]
     meta = {"n_seeds": 5, "seeds": SEEDS, "test_images": 10, "seconds": 1, "cores": 2, "commit": "abc",
             "date": "2026-01-01", "config": "c.yaml"}
@@ -125,18 +122,18 @@ def test_render_only_redecides_the_stored_values_without_the_workflow(tmp_path, 
     out.mkdir()
     (out / "009.json").write_text(json.dumps({"paper": "009", "title": "t", "meta": meta, "results": old,
                                               "per_seed": {"1": {"kept": True}}}))
-    monkeypatch.setattr(claims, "load_config", lambda path: config)
-    monkeypatch.setattr(claims, "config_path", lambda paper: REPO / "configs" / "claims" / f"{paper}.yaml")
-    claims.render_paper("009", SimpleNamespace(out=str(out)))
+    path = tmp_path / "009_t.yaml"
+    path.write_text(yaml.safe_dump(config))
+    pages.render(path, out / "009.json")
     stored = json.loads((out / "009.json").read_text())
     assert stored["per_seed"] == {"1": {"kept": True}} and stored["meta"]["rendered"]["date"]
     for new, before in zip(stored["results"], results):
         assert new["a"] == before["a"] and new["verdict"] == before["verdict"]
         assert new["p_holm"] == pytest.approx(before["p_holm"]) and new["holm"] == before["holm"]
     assert "**Verdicts rendered** at" in (out / "009.md").read_text()
-    config = {**config, "claims": config["claims"][:2]}  # the config's claims changed since: --reread
-    with pytest.raises(SystemExit, match="--reread"):
-        claims.render_paper("009", SimpleNamespace(out=str(out)))
+    path.write_text(yaml.safe_dump({**config, "claims": config["claims"][:2]}))  # changed since: --reread
+    with pytest.raises(CaprlError, match="--reread"):
+        pages.render(path, out / "009.json")
 
 
 def test_the_stored_pages_carry_holm_and_agree_with_their_intervals():

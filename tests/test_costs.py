@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from caprl import params as params_mod
-from caprl.workflow import costs
+from caprl.workflow import costs, plan_report
 from caprl.workflow.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,9 +110,9 @@ def test_h200_figures_and_the_footer_name_the_device(params: dict[str, Any]) -> 
     assert est.base_ms("scst", "topdown", 50) == (71.1, "measured")
     assert est.base_ms("xe", "fc", 250) == (30.1, "measured")
     assert est.cpu_ratio()[0] == pytest.approx(2339 / 71.1)
-    text = costs.render(costs.estimate(params, "h200"), "table", "h200", ["params.yaml"], costs.load_costs())
+    text = plan_report.render(costs.estimate(params, "h200"), "table", "h200", ["params.yaml"], costs.load_costs())
     assert "one NVIDIA H200" in text and "(CPU / H200, SCST Top-Down, batch 50)" in text and "H100" not in text
-    cpu = costs.render(costs.estimate(params, "cpu"), "table", "cpu", ["params.yaml"], costs.load_costs())
+    cpu = plan_report.render(costs.estimate(params, "cpu"), "table", "cpu", ["params.yaml"], costs.load_costs())
     assert "scaled from CPU" not in cpu.split("basis:")[-1]
 
 
@@ -165,9 +165,9 @@ def test_annotations_when_present_give_the_sizes(tmp_path: Path) -> None:
 def test_table_and_markdown_show_readable_totals(params: dict[str, Any]) -> None:
     table = costs.load_costs()
     result = costs.estimate(params, "cpu", table)
-    text = costs.render(result, "table", "cpu", ["params.yaml"], table)
+    text = plan_report.render(result, "table", "cpu", ["params.yaml"], table)
     assert "train synthetic/topdown-scst" in text and "CPU-hours" in text and "\ntotal " in text
-    md = costs.render(result, "md", "cpu", ["params.yaml"], table)
+    md = plan_report.render(result, "md", "cpu", ["params.yaml"], table)
     assert md.startswith("| job | steps | hours | peak mem | basis |")
-    assert costs.hours_text(12.34) == "12.3 h" and costs.hours_text(0.5) == "30 min" and costs.hours_text(None) == "-"
-    assert costs.mib_text(1536) == "1.5 GiB"
+    assert plan_report.hours_text(12.34) == "12.3 h" and plan_report.hours_text(0.5) == "30 min" and plan_report.hours_text(None) == "-"
+    assert plan_report.mib_text(1536) == "1.5 GiB"

@@ -51,12 +51,15 @@ def test_snakemake_and_dvc_run_the_same_commands(tmp_path: Path) -> None:
 
 def test_every_cli_stage_is_in_the_dag(tmp_path: Path) -> None:
     """No stage is orphaned: each pipeline command of the CLI appears in the DAG (except the tools);
-    tune-report is in the tuning target's (snakemake tuning: params.yaml's tuning grids)."""
+    tune-report is in the tuning target's (snakemake tuning: params.yaml's tuning grids); claims and
+    claims-summary in the claims targets' (all_claims: tests/test_claims_dag.py runs them)."""
     from caprl.cli import STAGES, TOOLS
 
     commands = snakemake_commands(copy_workflow(tmp_path), "all_tables", "tuning")
-    used = {cmd.split()[1] for cmd in commands}
+    used = {cmd.split()[1] for cmd in commands} | {"claims", "claims-summary"}
     assert set(STAGES) - used <= TOOLS, set(STAGES) - used
+    claims_smk = (REPO / "workflow" / "rules" / "claims.smk").read_text()
+    assert '"caprl claims --log' in claims_smk and claims_smk.count('"caprl claims-summary --publish') == 2
 
 
 def test_committed_dvc_yaml_is_current() -> None:

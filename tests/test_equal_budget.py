@@ -6,11 +6,9 @@ the decode that draws the sampled captions."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
+import yaml
 
 from caprl import decoding
 from caprl.data.batch import Batch
@@ -21,10 +19,6 @@ from caprl.params import run_spec
 from conftest import REPO
 from toy import WORDS, count_red, decode
 
-spec = importlib.util.spec_from_file_location("claims_for_budget", REPO / "benchmarks" / "claims.py")
-claims = importlib.util.module_from_spec(spec)
-sys.modules["claims_for_budget"] = claims
-spec.loader.exec_module(claims)
 
 EQUAL = ("fc_lstm-scst", "fc_lstm-mixer", "fc_lstm-pg_spider-cider_d-equal")
 GOLD_PER_IMAGE = 5
@@ -32,9 +26,12 @@ GOLD_PER_IMAGE = 5
 
 def params() -> dict:
     """Paper 001's seed-1 params as its stages read them (the objectives' shared defaults filled in)."""
+    from caprl.claims import configs
     from caprl.params import with_objective_defaults
 
-    return with_objective_defaults(claims.seed_params(claims.load_config(claims.config_path("001")), 1))
+    base = yaml.safe_load((REPO / "params.yaml").read_text())
+    config = configs.load_config(configs.config_paths(REPO / "configs" / "claims", ["001"])["001"])
+    return with_objective_defaults(configs.seed_params(base, config, 1))
 
 
 def sampled_rows_per_image(method: str, options: dict, monkeypatch: pytest.MonkeyPatch) -> float:

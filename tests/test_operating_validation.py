@@ -3,7 +3,7 @@
 ``caprl evaluate`` writes into each score file the validation numbers of the epoch its checkpoint
 holds, read from the checkpoint (:mod:`caprl.evaluation.validation`); ``caprl tables`` (the tables
 rule) chooses the operating point on those validation curves and reads the test curves there.
-Until the score files carried them, only ``benchmarks/claims.py`` attached validation numbers, and
+Until the score files carried them, only the claims script (now :mod:`caprl.claims`) attached validation numbers, and
 the tables the workflow built read their ``auto`` points on the test curves.
 """
 

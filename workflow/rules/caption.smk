@@ -40,7 +40,7 @@ if CAPTION_DATASETS:
         resources:
             **job_resources("caption"),
         shell:
-            "caprl caption --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+            "caprl caption --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
             " --checkpoint {input.checkpoint} --vocab {input.vocab} --images {input.images} --out {output}"
 
     rule caption_page:
@@ -56,7 +56,7 @@ if CAPTION_DATASETS:
         resources:
             **job_resources("caption_page"),
         shell:
-            "caprl caption-page --params {PARAMS} --log {log} --captions {input.captions} --out {output}"
+            "caprl caption-page --params " + PARAMS + " --log {log} --captions {input.captions} --out {output}"
 
 
 rule caption_folder:  # every image of data/caption_images/, captioned by every run, side by side

@@ -14,6 +14,16 @@ from caprl.errors import CaprlError
 # A recipe (`--configfile configs/recipes/<name>.yaml`) is laid over params.yaml by Snakemake
 # (config) and by every stage, which reads the same files in the same order (caprl.params.merge).
 PARAMS = " ".join(["params.yaml", *(os.path.relpath(f) for f in workflow.overwrite_configfiles)])
+# In a claims seed's module every input, output and log path is under the seed's folder (the
+# module's prefix); paths a stage gets as params or in its params file take it here.
+WORKSPACE = CLAIMS_SEED["workspace"] + "/" if CLAIMS_SEED else ""
+if CLAIMS_SEED:
+    PARAMS = CLAIMS_SEED["params_file"]
+
+
+def here(path):
+    """``path`` in this workflow's folder: the seed's under a claims module, else as it is."""
+    return WORKSPACE + path
 try:
     PLAN = wp.build_plan(config)
 except CaprlError as exc:
@@ -73,12 +83,18 @@ def dataset(wildcards):
     return DATASETS[wildcards.dataset]
 
 
+def shared(paths, spec):
+    """A real dataset's raw files and media: the project's, read by every claims seed where they are
+    (`local` keeps a module's prefix off them); a generated dataset's are its own workflow's."""
+    return paths if spec.generate else [local(path) for path in paths]
+
+
 def raw_files(wildcards):
-    return dataset(wildcards).raw_files
+    return shared(list(dataset(wildcards).raw_files), dataset(wildcards))
 
 
 def media_root(wildcards):
-    return dataset(wildcards).media_root
+    return shared([dataset(wildcards).media_root], dataset(wildcards))
 
 
 def synthesize_settings(wildcards):
@@ -114,7 +130,7 @@ EXTRACTED_BACKBONES = sorted({spec.backbone for spec in DATASETS.values() if not
 
 
 def bottomup_tsv(wildcards):
-    return list(dataset(wildcards).bottomup_tsv)
+    return shared(list(dataset(wildcards).bottomup_tsv), dataset(wildcards))
 
 
 def train_job(wildcards):
@@ -138,7 +154,7 @@ def init_checkpoints(wildcards):
 
 
 def init_args(wildcards):
-    return train_job(wildcards).init_args()
+    return " ".join(f"--init {role}={here(path)}" for role, path in train_job(wildcards).init.items())
 
 
 def run_settings(wildcards):
@@ -185,7 +201,7 @@ def evaluate_embedding_files(wildcards):
 
 
 def evaluate_embedding_args(wildcards):
-    return wp.embedding_args(PLAN.evaluate_embedding(wildcards.dataset))
+    return wp.embedding_args({flag: here(path) for flag, path in PLAN.evaluate_embedding(wildcards.dataset).items()})
 
 
 def train_embedding_files(wildcards):
@@ -194,7 +210,7 @@ def train_embedding_files(wildcards):
 
 
 def train_embedding_args(wildcards):
-    return wp.embedding_args(PLAN.train_embedding(train_job(wildcards)))
+    return wp.embedding_args({flag: here(path) for flag, path in PLAN.train_embedding(train_job(wildcards)).items()})
 
 
 def attention_checkpoint(wildcards):

@@ -15,7 +15,7 @@ if GENERATED_IMAGES:
         resources:
             **job_resources("synthesize"),
         shell:
-            "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
+            "caprl synthesize --params " + PARAMS + " --log {log} --dataset {wildcards.dataset}"
             " --out-raw {output.json} --media-dir {output.images}"
 
 
@@ -36,7 +36,7 @@ if GENERATED_VIDEOS:
         resources:
             **job_resources("synthesize_video"),
         shell:
-            "caprl synthesize --params {PARAMS} --log {log} --dataset {wildcards.dataset}"
+            "caprl synthesize --params " + PARAMS + " --log {log} --dataset {wildcards.dataset}"
             " --out-raw {output.tsv} --media-dir {output.gifs}"
 
 
@@ -54,7 +54,7 @@ rule prepare:
     resources:
         **job_resources("prepare"),
     shell:
-        "caprl prepare --params {PARAMS} --log {log} --dataset {wildcards.dataset} --raw {input.raw[0]}"
+        "caprl prepare --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --raw {input.raw[0]}"
         " --media-root {input.media} --out {output}"
 
 
@@ -76,7 +76,7 @@ rule vocab:
     resources:
         **job_resources("vocab"),
     shell:
-        "caprl vocab --params {PARAMS} --log {log} --annotations {input} --out-vocab {output.vocab} --out-labels {output.labels}"
+        "caprl vocab --params " + PARAMS + " --log {log} --annotations {input} --out-vocab {output.vocab} --out-labels {output.labels}"
 
 
 rule references:
@@ -90,7 +90,7 @@ rule references:
     resources:
         **job_resources("references"),
     shell:
-        "caprl references --params {PARAMS} --log {log} --annotations {input} --split {wildcards.split} --out {output}"
+        "caprl references --params " + PARAMS + " --log {log} --annotations {input} --split {wildcards.split} --out {output}"
 
 
 rule cider_df:
@@ -104,4 +104,4 @@ rule cider_df:
     resources:
         **job_resources("cider_df"),
     shell:
-        "caprl cider-df --params {PARAMS} --log {log} --annotations {input} --split train --out {output}"
+        "caprl cider-df --params " + PARAMS + " --log {log} --annotations {input} --split train --out {output}"

@@ -22,7 +22,7 @@ rule evaluate:
     resources:
         **job_resources("evaluate"),
     shell:
-        "caprl evaluate --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+        "caprl evaluate --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --checkpoint {input.checkpoint} --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels}"
         " --features {input.features} --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores}"
         " --out-examples {output.examples} {params.embedding}"
@@ -43,7 +43,7 @@ rule baseline:
     resources:
         **job_resources("baseline"),
     shell:
-        "caprl baseline --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
+        "caprl baseline --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
         " --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores} --out-examples {output.examples}"
 
 
@@ -72,7 +72,7 @@ if RETRIEVED_RUNS:
         resources:
             **job_resources("retrieval"),
         shell:
-            "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+            "caprl retrieval --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
             " --checkpoint {input.checkpoint} --captions {input.captions} --annotations {input.annotations}"
             " --vocab {input.vocab} --labels {input.labels} --features {input.features} --out {output}"
 
@@ -102,6 +102,6 @@ if GOLD_RETRIEVED_RUNS:
         resources:
             **job_resources("gold_retrieval"),
         shell:
-            "caprl retrieval --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+            "caprl retrieval --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
             " --checkpoint {input.checkpoint} --gold --annotations {input.annotations} --vocab {input.vocab}"
             " --labels {input.labels} --features {input.features} --out {output}"

@@ -16,7 +16,7 @@ rule features:
     resources:
         **job_resources("features", gpu=features_gpus),
     shell:
-        "caprl features --params {PARAMS} --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
+        "caprl features --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --annotations {input.annotations}"
         " --image-root {input.images} --shard {wildcards.shard} --out {output}"
 
 
@@ -29,14 +29,14 @@ rule merge_features:
     wildcard_constraints:
         backbone=one_of(EXTRACTED_BACKBONES),
     params:
-        shard_dir=wp.SHARD_DIR,
+        shard_dir=here(wp.SHARD_DIR),
     log:
         "logs/{dataset}/merge_features_{backbone}.log",
     priority: DATA_PRIORITY
     resources:
         **job_resources("merge_features"),
     shell:
-        "caprl merge-features --params {PARAMS} --log {log} --annotations {input.annotations} --shard-dir {params.shard_dir}"
+        "caprl merge-features --params " + PARAMS + " --log {log} --annotations {input.annotations} --shard-dir {params.shard_dir}"
         " --out {output}"
 
 
@@ -57,5 +57,5 @@ if BOTTOMUP_DATASETS:
         resources:
             **job_resources("bottomup_features"),
         shell:
-            "caprl bottomup --params {PARAMS} --log {log} --tsv {input.tsv} --annotations {input.annotations}"
+            "caprl bottomup --params " + PARAMS + " --log {log} --tsv {input.tsv} --annotations {input.annotations}"
             " --dataset {wildcards.dataset} --out {output}"

@@ -59,7 +59,7 @@ if PSST_DATASETS:
             dataset=one_of(PSST_DATASETS),
         params:
             params_file=PARAMS,
-            results=wp.RESULTS,
+            results=here(wp.RESULTS),
             out_dir=outputs_folder,
             settings=table_settings,
         log:

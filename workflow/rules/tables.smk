@@ -16,7 +16,7 @@ rule tables:
         table=one_of(TABLE_NAMES),
     params:
         params_file=PARAMS,
-        results=wp.RESULTS,
+        results=here(wp.RESULTS),
         out_dir=outputs_folder,
         settings=table_settings,
     log:

@@ -14,7 +14,7 @@ rule train:
     params:
         settings=run_settings,
         init=init_args,
-        state=wp.STATE_DIR,
+        state=here(wp.STATE_DIR),
         embedding=train_embedding_args,
     priority: train_priority
     log:
@@ -22,7 +22,7 @@ rule train:
     resources:
         **job_resources("train", gpu=TRAIN_GPUS),
     shell:
-        "caprl train --params {PARAMS} --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
+        "caprl train --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels} --features {input.features}"
         " --cider-df {input.cider_df} {params.init} --checkpoint {output.checkpoint} --history {output.history}"
         " --state-dir {params.state} {params.embedding}"

@@ -14,5 +14,5 @@ rule tune_report:
     resources:
         **job_resources("tune_report"),
     shell:
-        "caprl tune-report --params {PARAMS} --log {log} --dataset {wildcards.dataset} --out-md {output.md}"
+        "caprl tune-report --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --out-md {output.md}"
         " --out-json {output.json}"

@@ -17,7 +17,7 @@ file, beside the test metrics of the same weights (:func:`section`)::
 
 (``{"epoch": null, "metrics": {}}`` where no epoch was scored). Paper 004's tables
 (:mod:`caprl.tables.operating`) choose their ``auto`` operating points on these validation
-curves and read the test curves there; ``benchmarks/claims.py`` reads the same sections
+curves and read the test curves there; the claims (:mod:`caprl.claims.collect`) read the same sections
 (:func:`numbers`). Both come from the evaluated checkpoint itself, so they cannot be of other
 weights than the test numbers beside them.
 """

@@ -1,7 +1,5 @@
-"""``caprl plan``: every job of the workflow plan with its estimated hours and peak memory.
-
-    caprl plan --params params.yaml [configs/recipes/<name>.yaml] [--device h100|h200|cpu]
-               [--format table|md|json] [--out FILE]
+"""Every job of the workflow plan with its estimated hours and peak memory (``caprl plan``,
+which :mod:`caprl.workflow.plan_report` prints).
 
 Jobs are :func:`caprl.workflow.plan.build_plan`'s (the Snakefile's), named as Snakemake's rules:
 ``train coco/topdown-scst``. The estimate is a pure function of the params, ``step_costs.yaml``
@@ -46,12 +44,10 @@ Jobs that need no GPU (data preparation, tables, figures) are listed but not cos
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -354,78 +350,3 @@ def _eval_row(est: Estimator, job: TrainJob, sizes: Sizes, regions: int, feat_di
     mem = est.memory("scst", a, model, batch, units / est.ref_work("scst"), sizes.vocab, feat_dim, training=False)
     return Row(f"{rule} {job.dataset}/{job.run}", rule, job.dataset, job.run, "all_tables", True,
                math.ceil(images / batch), images * units * unit_ms / 3.6e6, mem, f"{basis}; {units:g} units/image")
-
-
-# -- output ------------------------------------------------------------------------------------
-
-def totals(rows: list[Row]) -> dict[str, Any]:
-    """Jobs and hours per rule kind (the tuning points apart) and overall: sums of the costed rows."""
-    kinds: dict[str, dict[str, Any]] = {}
-    for row in sorted(rows, key=lambda r: RULE_ORDER.index(r.rule) if r.rule in RULE_ORDER else len(RULE_ORDER)):
-        entry = kinds.setdefault("train (tuning)" if row.target == "tuning" and row.rule == "train" else row.rule,
-                                 {"jobs": 0, "hours": None})
-        entry["jobs"] += 1
-        if row.hours is not None:
-            entry["hours"] = (entry["hours"] or 0.0) + row.hours
-    return {"by_rule": kinds, "jobs": len(rows), "hours": math.fsum(r.hours for r in rows if r.hours is not None)}
-
-
-def hours_text(hours: float | None) -> str:
-    if hours is None:
-        return "-"
-    return "<1 min" if hours < 1 / 60 else f"{hours * 60:.0f} min" if hours < 1 else f"{hours:,.1f} h"
-
-
-def mib_text(mib: float | None) -> str:
-    return "-" if mib is None else f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
-
-
-def render(result: Estimate, fmt: str, device: str, files: list[str], costs: dict[str, Any]) -> str:
-    rows, tot = result.rows, totals(result.rows)
-    unit, label = ("GPU-hours" if device != "cpu" else "CPU-hours"), costs["devices"][device]["label"]
-    if fmt == "json":
-        return json.dumps({"params": files, "device": device, "device_label": label, "unit": unit,
-                           "datasets": {n: asdict(s) for n, s in result.sizes.items()},
-                           "jobs": [asdict(r) for r in rows], "totals": tot}, indent=1) + "\n"
-    head = ["job", "steps", "hours", "peak mem", "basis"]
-    body = [[r.job, "-" if r.steps is None else f"{r.steps:,}", hours_text(r.hours), mib_text(r.peak_mib), r.basis]
-            for r in rows]
-    sums = [[kind, str(v["jobs"]), hours_text(v["hours"])] for kind, v in tot["by_rule"].items()]
-    sums.append(["total", str(tot["jobs"]), hours_text(tot["hours"])])
-    notes = [f"Estimated {unit} on {label} for {' + '.join(files)} (rules: caprl.workflow.costs; figures and their sources: "
-             f"caprl/{COSTS.name}). Memory: peak, estimated.",
-             *(f"{n}: {s.train:,} train / {s.val:,} val / {s.test:,} test images ({s.source})"
-               for n, s in result.sizes.items()),
-             "basis: measured = this device's step figure (scaled to the run by the stated rules); "
-             + (f"scaled from CPU = the CPU figure / {Estimator({}, costs, device).cpu_ratio()[0]:.1f} (CPU / "
-                f"{device.upper()}, SCST Top-Down, batch 50); " if device != "cpu" else "")
-             + "fallback = a stated substitute.",
-             "Not counted: jobs without a GPU (-), metric scoring (CPU), early stopping (every epoch is trained)."]
-    if fmt == "md":
-        table = lambda h, b: "\n".join(["| " + " | ".join(h) + " |", "|" + "---|" * len(h),
-                                        *("| " + " | ".join(x) + " |" for x in b)])
-        return "\n\n".join([table(head, body), table(["rule", "jobs", unit], sums), "\n".join(f"* {n}" for n in notes)]) + "\n"
-    return "\n\n".join([_text_table(head, body), _text_table(["rule", "jobs", unit], sums), "\n".join(notes)]) + "\n"
-
-
-def _text_table(head: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(c) for c in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(c.ljust(w) if i in (0, len(cells) - 1) else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=DEVICES, default="h100", help="whose measured step costs (default: h100)")
-    parser.add_argument("--format", choices=("table", "md", "json"), default="table")
-    parser.add_argument("--out", type=Path, default=None, help="also write the output to this file (atomically)")
-
-
-def main(args: argparse.Namespace) -> None:
-    files = [str(f) for f in args.params]
-    costs = load_costs()
-    text = render(estimate(params_mod.load(files), args.device, costs), args.format, args.device, files, costs)
-    print(text, end="")
-    if args.out:
-        io.write_text(args.out, text)
-        log.info("wrote %s", args.out)

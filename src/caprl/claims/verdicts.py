@@ -1,4 +1,4 @@
-"""How a claim is decided and printed (for ``benchmarks/claims.py``): each seed's value of a claim's
+"""How a claim is decided and printed (:mod:`caprl.claims`): each seed's value of a claim's
 two sides (a score file's metric or a table cell), the paired differences' mean and 95% Student-t
 interval over every seed of the config, the verdict, the paired t-test's p-value and its
 Holm-Bonferroni adjustment over the paper's claims (:func:`holm`), the paper's page and the summary
@@ -265,9 +265,13 @@ COLUMNS = "mean a vs b | paired diff | 95% CI | seeds | verdict (95% CI) | p | H
 HEADER = [f"| claim | paper | {COLUMNS}", "|---|---|---|---|---|---|---|---|---|---|"]
 
 
-def at_once(meta: dict[str, Any]) -> str:
+def built(meta: dict[str, Any]) -> str:
+    """How the scores were built: by the workflow's claims target (``dag``: its target, the seeds'
+    training seconds summed), or, before claims were DAG targets, by benchmarks/claims.py (wall seconds)."""
+    if "dag" in meta:
+        return f"built by `snakemake {meta['dag']['target']}`, {meta['dag']['train_seconds']} s of training over the seeds"
     jobs = meta.get("seed_jobs", 1)
-    return f", {jobs} seeds at a time" if jobs > 1 else ""
+    return f"{meta['seconds']} s on {meta['cores']} cores" + (f", {jobs} seeds at a time" if jobs > 1 else "")
 
 
 def tally(c: dict[str, int]) -> str:
@@ -277,7 +281,7 @@ def tally(c: dict[str, int]) -> str:
 def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"# Paper {config['paper']}: {config['title']}", "",
              f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), fixed in the config before the run, "
-             f"paired within a seed; {meta['test_images']} test images; {meta['seconds']} s on {meta['cores']} cores{at_once(meta)}; "
+             f"paired within a seed; {meta['test_images']} test images; {built(meta)}; "
              f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
              *(["", holm_legend(len(results))] if results else []),
              *([f"**Not re-trained:** {meta['reread']['note']}"] if meta.get("reread") else []),
@@ -287,7 +291,7 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
                if meta.get("made_at") and not meta.get("other_code") and meta["made_at"] != [meta["commit"]] else []),
              *([f"**Scores made by other code:** {', '.join(meta['other_code'])} (of {', '.join(meta['made_at'])}): "
                 "the seed folders held runs of earlier code, which the workflow does not re-train when only the "
-                "code changes; re-run with a fresh `--workdir`."] if meta.get("other_code") else []),
+                f"code changes; remove claims/{config['paper']}/ and build claims_{config['paper']} again."] if meta.get("other_code") else []),
              "", *HEADER, *map(claim_line, results), ""]
     if results:
         lines += [f"Of the {len(results)} claims: by their 95% intervals {tally(counts(results, 'verdict'))}; "

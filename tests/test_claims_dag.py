@@ -1,0 +1,110 @@
+"""The papers' claims as targets of the one DAG (workflow/rules/claims.smk): each (paper, seed) a
+module of the workflow under claims/<paper>/seed<k>/, each of its runs a job, the verdicts a rule
+that reads every seed's scores, all_claims publishing them to results/claims/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import TINY, default_params, merge
+from test_e2e import fresh_copy, run
+
+CLAIM = {"id": "scst-beats-xe", "text": "SCST > XE (CIDEr-D)", "source": "a test's", "a": "synthetic/fc-scst",
+         "b": "synthetic/fc-xe", "metric": "metrics.CIDEr-D", "kind": "greater"}
+
+
+def claims_config(paper: str, seeds: list[int]) -> dict[str, Any]:
+    return {"paper": paper, "title": "a tiny claim", "seeds": seeds,
+            "params": {"runs": ["fc-xe", "fc-scst"], "evaluate": {"metrics": ["bleu", "cider_d"],
+                                                                   "diversity": {"methods": []}}, "tables": []},
+            "claims": [CLAIM]}
+
+
+def workspace(tmp_path: Path, papers: dict[str, list[int]], min_seeds: int = 2) -> Path:
+    """A fresh copy of the workflow at TINY sizes whose claims are ``papers`` (paper -> seeds)."""
+    params = merge(default_params(), TINY)
+    configs = tmp_path / "claims_configs"
+    configs.mkdir()
+    for paper, seeds in papers.items():
+        (configs / f"{paper}_tiny.yaml").write_text(yaml.safe_dump(claims_config(paper, seeds), sort_keys=False))
+    params["claims"] = {"configs": str(configs), "papers": sorted(papers), "min_seeds": min_seeds}
+    params["runs"] = {r: params["runs"][r] for r in ("fc-xe", "fc-scst")}
+    params["tuning"]["runs"] = {}
+    params["tables"] = ["main"]
+    params["datasets"]["synthetic"].pop("tables", None)
+    return fresh_copy(tmp_path / "work", params)
+
+
+def dry_jobs(work: Path, target: str) -> dict[str, int]:
+    """rule -> jobs of a dry run of ``target``."""
+    proc = run(["snakemake", "-n", target], work)
+    counts = {}
+    for line in (proc.stdout + proc.stderr).split("Job stats:", 1)[1].split("\n\n", 1)[0].splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def test_each_seed_is_a_module_whose_jobs_live_in_its_folder(tmp_path):
+    """Dry run: every seed of every enabled paper trains and evaluates each run in its own folder,
+    with its own params file (the config's overrides and its seed), and one verdicts job per paper."""
+    work = workspace(tmp_path, {"900": [1, 2], "901": [3, 4]})
+    jobs = dry_jobs(work, "all_claims")
+    for paper, seeds in (("900", (1, 2)), ("901", (3, 4))):
+        for seed in seeds:
+            assert jobs[f"claims_{paper}_seed{seed}_train"] == 2 and jobs[f"claims_{paper}_seed{seed}_evaluate"] == 2
+            params = yaml.safe_load((work / "claims" / paper / f"seed{seed}" / "params.yaml").read_text())
+            assert params["seed"] == seed and set(params["runs"]) == {"fc-xe", "fc-scst"}
+            assert params["tracking"]["experiment"].endswith(f"/claims/{paper}/seed{seed}") and "claims" not in params
+        assert jobs[f"claims_{paper}_verdicts"] == 1
+    assert "train" not in jobs and jobs["all_claims"] == 1  # the main workflow's runs are not claims' inputs
+    assert dry_jobs(work, "claims_901").keys() >= {"claims_901_verdicts", "claims_901_seed3_train"}
+    assert not any(k.startswith("claims_900") for k in dry_jobs(work, "claims_901"))
+
+
+def test_a_config_with_fewer_seeds_than_min_seeds_is_refused_naming_it(tmp_path):
+    work = workspace(tmp_path, {"900": [1, 2]}, min_seeds=3)
+    proc = subprocess.run(["snakemake", "-n", "all_claims"], cwd=work, capture_output=True, text=True)
+    assert proc.returncode != 0 and "900_tiny.yaml" in proc.stderr + proc.stdout
+    assert "at least 3" in proc.stderr + proc.stdout
+
+
+@pytest.mark.e2e
+def test_all_claims_builds_every_seed_and_publishes_the_verdicts(tmp_path):
+    """Real Snakemake, 2 seeds: the verdicts read both seeds' scores (paired, each seed its own data
+    and weights), record each seed's params file, and all_claims publishes them with the summary; a
+    second all_claims re-runs no job but publishes again."""
+    work = workspace(tmp_path, {"900": [1, 2]})
+    run(["snakemake", "--cores", "2", "all_claims"], work)
+    verdicts = json.loads((work / "claims" / "900" / "verdicts.json").read_text())
+    published = json.loads((work / "results" / "claims" / "900.json").read_text())
+    assert published == verdicts and (work / "results" / "claims" / "summary.md").exists()
+    (result,) = verdicts["results"]
+    assert result["id"] == "scst-beats-xe" and len(result["a"]) == len(result["b"]) == 2
+    assert verdicts["meta"]["dag"]["target"] == "claims_900" and verdicts["meta"]["dag"]["train_seconds"] > 0
+    seeds = verdicts["per_seed"]
+    assert seeds["1"]["runs"]["synthetic/fc-xe"]["metrics"] != seeds["2"]["runs"]["synthetic/fc-xe"]["metrics"]
+    assert seeds["2"]["params_file"] == "claims/900/seed2/params.yaml" and len(seeds["2"]["params_sha256"]) == 64
+    assert "| 900 |" in (work / "results" / "claims" / "summary.md").read_text()
+    again = run(["snakemake", "--cores", "2", "all_claims"], work)
+    assert "claims_900_seed1_train" not in again.stderr and "all_claims" in again.stderr
+
+
+def test_plan_counts_the_jobs_the_claims_dag_runs(tmp_path):
+    """`caprl plan --claims`: per paper the jobs of every seed that its verdicts need (no tables,
+    curves or figures) and its verdicts job, as many as Snakemake's dry run of the verdicts; N seeds
+    asked for instead of the config's scale it."""
+    work = workspace(tmp_path, {"900": [1, 2]})
+    (row,) = json.loads(run(["caprl", "plan", "--claims", "--format", "json", "--device", "cpu"], work).stdout)["claims"]
+    assert row["paper"] == "900" and row["seeds"] == 2 and row["hours"] > 0
+    assert row["jobs"] == sum(dry_jobs(work, "claims_900_verdicts").values())
+    (five,) = json.loads(run(["caprl", "plan", "--claims", "--claims-seeds", "5", "--format", "json", "--device", "cpu"],
+                              work).stdout)["claims"]
+    assert (five["jobs"] - 1) * 2 == 5 * (row["jobs"] - 1) and five["hours"] == pytest.approx(2.5 * row["hours"])
