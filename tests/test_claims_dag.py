@@ -98,13 +98,12 @@ def test_all_claims_builds_every_seed_and_publishes_the_verdicts(tmp_path):
 
 
 def test_plan_counts_the_jobs_the_claims_dag_runs(tmp_path):
-    """`caprl plan --claims`: per paper the jobs of every seed that its verdicts need (no tables,
+    """`caprl claims-plan`: per paper the jobs of every seed that its verdicts need (no tables,
     curves or figures) and its verdicts job, as many as Snakemake's dry run of the verdicts; N seeds
     asked for instead of the config's scale it."""
     work = workspace(tmp_path, {"900": [1, 2]})
-    (row,) = json.loads(run(["caprl", "plan", "--claims", "--format", "json", "--device", "cpu"], work).stdout)["claims"]
+    (row,) = json.loads(run(["caprl", "claims-plan", "--format", "json", "--device", "cpu"], work).stdout)["claims"]
     assert row["paper"] == "900" and row["seeds"] == 2 and row["hours"] > 0
     assert row["jobs"] == sum(dry_jobs(work, "claims_900_verdicts").values())
-    (five,) = json.loads(run(["caprl", "plan", "--claims", "--claims-seeds", "5", "--format", "json", "--device", "cpu"],
-                              work).stdout)["claims"]
+    (five,) = json.loads(run(["caprl", "claims-plan", "--seeds", "5", "--format", "json", "--device", "cpu"], work).stdout)["claims"]
     assert (five["jobs"] - 1) * 2 == 5 * (row["jobs"] - 1) and five["hours"] == pytest.approx(2.5 * row["hours"])

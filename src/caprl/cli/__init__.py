@@ -40,6 +40,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "curves": ("caprl.figures.curves", "learning curves of every run of a dataset: PNG + CSV per run, an overview PNG"),
     "claims": ("caprl.claims.pages", "a paper's claims: verdicts over every seed of its configuration (claims_<paper>)"),
     "claims-summary": ("caprl.claims.summary", "every paper's claims in one page (results/claims/summary.md)"),
+    "claims-plan": ("caprl.claims.plan", "the claims' jobs and GPU-hours per paper over its seeds (all_claims)"),
     "dvc-yaml": ("caprl.workflow.dvc", "write dvc.yaml from params.yaml (the jobs the Snakefile runs)"),
     "plan": ("caprl.workflow.plan_report", "every job of the plan with its estimated GPU-hours and peak memory, and the total"),
     "download": ("caprl.data.download", "download a real dataset's files (COCO 2014, Karpathy's splits, TGIF GIFs)"),
@@ -53,7 +54,7 @@ STAGES: dict[str, tuple[str, str]] = {
                                         "that a local Snakemake run starts for its jobs"),
 }
 # Stages that maintain the repository, not steps of the DAG.
-TOOLS = {"score", "plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "setup-spice", "bottomup",
+TOOLS = {"score", "plan", "claims-plan", "dvc-yaml", "dvc-lock", "mlflow-sync", "download", "setup-spice", "bottomup",
          "pretrain-tinycnn", "with-services"}
 TOOLS |= {"caption", "caption-page"}  # on demand (`snakemake caption_folder`), not steps of all_tables' DAG
 

@@ -1,13 +1,10 @@
-"""``caprl plan``: every job of the workflow plan with its estimated hours and peak memory, and with
-``--claims`` the papers' claims (``snakemake all_claims``): each enabled claims configuration's
-jobs and hours over its seeds, before anything is submitted.
+"""``caprl plan``: every job of the workflow plan with its estimated hours and peak memory
+(:mod:`caprl.workflow.costs`' estimates), as a table, Markdown or JSON.
 
     caprl plan --params params.yaml [configs/recipes/<name>.yaml] [--device h100|h200|cpu]
-               [--format table|md|json] [--out FILE] [--claims [--claims-seeds N]]
+               [--format table|md|json] [--out FILE]
 
-The estimates are :mod:`caprl.workflow.costs`'; a claims seed is the workflow with that seed's
-params (:func:`caprl.claims.configs.seed_params`), so its cost is the same for every seed: one
-seed's estimate times the seeds, plus the paper's verdicts job (not costed: no GPU).
+The claims' (``snakemake all_claims``) are ``caprl claims-plan``'s (:mod:`caprl.claims.plan`).
 """
 
 from __future__ import annotations
@@ -16,12 +13,11 @@ import argparse
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from caprl import io, params as params_mod
-from caprl.errors import CaprlError
 from caprl.workflow.costs import COSTS, DEVICES, RULE_ORDER, Estimate, Estimator, Row, estimate, load_costs
 
 log = logging.getLogger(__name__)
@@ -84,78 +80,16 @@ def _text_table(head: list[str], body: list[list[str]]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
 
 
-# what a claims seed does not build: its verdicts read score files (and build the tables they read
-# in-process, from the runs' and the baseline's scores), never the tables' files, curves or figures
-CLAIMS_SKIP = {"tables", "curves", "psst_figures", "attention_figure"}
-
-
-@dataclass
-class ClaimsCost:
-    """One paper's claims: its seeds, and the jobs and hours of all of them (verdicts job included)."""
-
-    paper: str
-    config: str
-    seeds: int
-    jobs: int
-    hours: float
-
-
-def claims_costs(base: dict[str, Any], device: str, costs: dict[str, Any], seeds: int | None = None) -> list[ClaimsCost]:
-    """Each enabled claims configuration of ``base`` (params, any recipe over it: unresolved, as
-    Snakemake's config) costed over its seeds (``seeds``: that many instead of the config's)."""
-    from caprl.claims import configs as claims_configs
-
-    spec = base["claims"]
-    out = []
-    for paper, path in claims_configs.config_paths(Path(spec["configs"]), spec["papers"]).items():
-        config = claims_configs.load_config(path, spec["min_seeds"])
-        n = seeds or len(config["seeds"])
-        try:
-            params = params_mod.resolve(claims_configs.seed_params(base, config, config["seeds"][0]))
-            params_mod.check(params)
-        except CaprlError as exc:
-            raise CaprlError(f"{path}: its overrides do not apply to these params: {exc}") from exc
-        skip = CLAIMS_SKIP | (set() if claims_configs.tables_read(config) else {"baseline"})
-        rows = [r for r in estimate(params, device, costs).rows if r.rule not in skip]
-        hours = math.fsum(r.hours for r in rows if r.hours is not None)
-        out.append(ClaimsCost(paper, str(path), n, n * len(rows) + 1, n * hours))
-    return out
-
-
-def render_claims(rows: list[ClaimsCost], fmt: str, device: str, costs: dict[str, Any]) -> str:
-    unit = "GPU-hours" if device != "cpu" else "CPU-hours"
-    if fmt == "json":
-        return json.dumps({"claims": [asdict(r) for r in rows], "device": device, "unit": unit}, indent=1) + "\n"
-    head = ["claims", "seeds", "jobs", unit]
-    body = [[f"{r.paper} ({Path(r.config).name})", str(r.seeds), f"{r.jobs:,}", hours_text(r.hours)] for r in rows]
-    body.append(["total", "", f"{sum(r.jobs for r in rows):,}", hours_text(math.fsum(r.hours for r in rows))])
-    note = (f"snakemake all_claims on {costs['devices'][device]['label']}: every seed is the workflow with its "
-            "claims params (docs/benchmark.md); one seed's estimate times the seeds, plus one verdicts job per paper.")
-    if fmt == "md":
-        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                          *("| " + " | ".join(x) + " |" for x in body)]) + f"\n\n{note}\n"
-    return _text_table(head, body) + f"\n\n{note}\n"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=DEVICES, default="h100", help="whose measured step costs (default: h100)")
     parser.add_argument("--format", choices=("table", "md", "json"), default="table")
     parser.add_argument("--out", type=Path, default=None, help="also write the output to this file (atomically)")
-    parser.add_argument("--claims", action="store_true",
-                        help="the papers' claims (all_claims) instead: jobs and hours per paper over its seeds")
-    parser.add_argument("--claims-seeds", type=int, default=None, metavar="N",
-                        help="with --claims: cost N seeds per paper instead of each config's own")
 
 
 def main(args: argparse.Namespace) -> None:
     files = [str(f) for f in args.params]
     costs = load_costs()
-    if args.claims:
-        params_mod.load(files)  # validated, errors naming the file
-        rows = claims_costs(params_mod.read(files), args.device, costs, args.claims_seeds)
-        text = render_claims(rows, args.format, args.device, costs)
-    else:
-        text = render(estimate(params_mod.load(files), args.device, costs), args.format, args.device, files, costs)
+    text = render(estimate(params_mod.load(files), args.device, costs), args.format, args.device, files, costs)
     print(text, end="")
     if args.out:
         io.write_text(args.out, text)
