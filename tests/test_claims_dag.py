@@ -30,7 +30,7 @@ def workspace(tmp_path: Path, papers: dict[str, list[int]], min_seeds: int = 2) 
     """A fresh copy of the workflow at TINY sizes whose claims are ``papers`` (paper -> seeds)."""
     params = merge(default_params(), TINY)
     configs = tmp_path / "claims_configs"
-    configs.mkdir()
+    configs.mkdir(parents=True)
     for paper, seeds in papers.items():
         (configs / f"{paper}_tiny.yaml").write_text(yaml.safe_dump(claims_config(paper, seeds), sort_keys=False))
     params["claims"] = {"configs": str(configs), "papers": sorted(papers), "min_seeds": min_seeds}
@@ -86,6 +86,7 @@ def test_all_claims_builds_every_seed_and_publishes_the_verdicts(tmp_path):
     verdicts = json.loads((work / "claims" / "900" / "verdicts.json").read_text())
     published = json.loads((work / "results" / "claims" / "900.json").read_text())
     assert published == verdicts and (work / "results" / "claims" / "summary.md").exists()
+    assert (work / "results" / "claims" / "900.png").read_bytes() == (work / "claims" / "900" / "verdicts.png").read_bytes()
     (result,) = verdicts["results"]
     assert result["id"] == "scst-beats-xe" and len(result["a"]) == len(result["b"]) == 2
     assert verdicts["meta"]["dag"]["target"] == "claims_900" and verdicts["meta"]["dag"]["train_seconds"] > 0

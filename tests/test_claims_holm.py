@@ -147,3 +147,21 @@ def test_the_stored_pages_carry_holm_and_agree_with_their_intervals():
                 continue
             assert (r["p"] < 0.05) == (r["verdict"] != "unresolved"), (path.name, r["id"])
             assert r["holm"] in ("unresolved", r["verdict"]) and r["p_holm"] >= r["p"]
+
+
+def test_the_forest_plot_has_a_row_per_claim_and_the_same_bytes_for_the_same_results(tmp_path):
+    """The stored results of paper 004 (22 claims, some without an interval): a PNG whose height grows
+    with the claims, the same bytes when drawn twice (no version or date in it)."""
+    from PIL import Image
+
+    from caprl.claims.forest import forest_png
+
+    stored = json.loads((REPO / "results" / "claims" / "004.json").read_text())
+    config = {"paper": "004", "title": stored["title"]}
+    forest_png(config, stored["results"], tmp_path / "a.png")
+    forest_png(config, stored["results"], tmp_path / "b.png")
+    forest_png(config, stored["results"][:2], tmp_path / "two.png")
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    many, two = Image.open(tmp_path / "a.png").size, Image.open(tmp_path / "two.png").size
+    assert many[0] == two[0] and many[1] > 5 * two[1] / 2
+    assert any(math.isnan(r["lo"]) for r in stored["results"])  # the rows that say why they have no interval

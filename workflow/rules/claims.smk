@@ -48,6 +48,8 @@ for paper, path in CLAIMS_CONFIGS.items():
         output:
             json=CLAIMS_VERDICTS[paper],
             md=CLAIMS_VERDICTS[paper].replace(".json", ".md"),
+            forest=report(CLAIMS_VERDICTS[paper].replace(".json", ".png"), caption="../report/forest.rst",
+                          category="Claims", labels={"paper": paper}),
         params:
             target=f"claims_{paper}",
             min_seeds=CLAIMS["min_seeds"],
@@ -66,6 +68,10 @@ for paper, path in CLAIMS_CONFIGS.items():
             CLAIMS_VERDICTS[paper],
         shell:
             "caprl claims-summary --publish {input} --out " + CLAIMS_PUBLISHED
+
+
+# publishing copies a few files: on a cluster the targets run where Snakemake does
+workflow.localrules("all_claims", *(f"claims_{paper}" for paper in CLAIMS_VERDICTS))
 
 
 rule all_claims:  # target: every enabled paper's claims (claims.papers), published with their summary

@@ -84,7 +84,7 @@ def collect_seed(params: dict[str, Any], config: dict[str, Any], workspace: Path
     numbers, the tables the claims read (CSV, and their title and notes), its params' seed."""
     plan = build_plan(params)
     out: dict[str, Any] = {"seed": params["seed"], "workspace": str(workspace), "runs": {}, "validation": {},
-                           "tables": {}, "table_notes": {}, "train_seconds": round(train_seconds(workspace, params))}
+                           "tables": {}, "table_notes": {}, "train_seconds": round(train_seconds(workspace, params), 2)}
     for ds in plan.datasets:
         for job in plan.evaluated(ds):
             scores = json.loads((workspace / job.result(SCORES)).read_text())

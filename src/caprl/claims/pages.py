@@ -2,8 +2,8 @@
 ``claims_<paper>_verdicts``), and again from stored values (``--render-only``, ``--reread``).
 
 Writes the paper's json (every seed's values, params file and validation numbers; the commit each
-score was made at) and its page beside it: ``claims/<paper>/verdicts.{json,md}`` in the DAG, which
-``caprl claims-summary --publish`` copies to ``results/claims/<paper>.{json,md}``. A
+score was made at), its page and its forest plot beside it: ``claims/<paper>/verdicts.{json,md,png}``
+in the DAG, which ``caprl claims-summary --publish`` copies to ``results/claims/<paper>.{json,md,png}``. A
 verdict uses every seed of the config: a seed without a value leaves the claim unresolved, the seed
 named (:func:`caprl.claims.verdicts.resolve`).
 """
@@ -21,6 +21,7 @@ from caprl import io
 from caprl import params as params_mod
 from caprl.claims.collect import collect_seed
 from caprl.claims.configs import MIN_SEEDS, WORKSPACE, load_config
+from caprl.claims.forest import forest_png
 from caprl.claims.verdicts import decide, holm, paper_markdown, resolve
 from caprl.errors import CaprlError
 
@@ -61,8 +62,10 @@ def other_code(commits: list[str], head: str, repo: Path = Path(".")) -> list[st
 
 def write_paper(json_path: Path, config: dict[str, Any], results: list[dict[str, Any]],
                 meta: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) -> str:
-    """The paper's json (``json_path``) and its page beside it (``.md``); the page's text."""
+    """The paper's json (``json_path``), its page and its forest plot beside it (``.md``, ``.png``);
+    the page's text."""
     page = paper_markdown(config, results, meta)
+    forest_png(config, results, json_path.with_suffix(".png"))
     io.write_json(json_path, {"paper": config["paper"], "title": config["title"], "meta": meta,
                               "results": results, "per_seed": per_seed})
     io.write_text(json_path.with_suffix(".md"), page)
@@ -91,7 +94,7 @@ def verdicts(config_path: Path, root: Path, out: Path, target: str, min_seeds: i
         "n_seeds": len(config["seeds"]), "seeds": config["seeds"], "seeds_run": config["seeds"],
         "commit": commit(), "date": datetime.date.today().isoformat(), "config": str(config_path),
         "test_images": first["synthetic"]["n_test"], "made_at": made_at(per_seed),
-        "dag": {"target": target, "train_seconds": round(sum(s["train_seconds"] for s in per_seed.values()))},
+        "dag": {"target": target, "train_seconds": round(sum(s["train_seconds"] for s in per_seed.values()), 2)},
     }
     meta["other_code"] = other_code(meta["made_at"], meta["commit"])
     return write_paper(out, config, resolve(config, per_seed), meta, per_seed)

@@ -1,11 +1,12 @@
 """The claims the DAG resolved, published (``caprl claims-summary``, the targets ``claims_<paper>``
-and ``all_claims``): each paper's ``claims/<paper>/verdicts.{json,md}`` copied to
-``results/claims/<paper>.{json,md}``, then every paper's claims found there in one page,
+and ``all_claims``): each paper's ``claims/<paper>/verdicts.{json,md,png}`` copied to
+``results/claims/<paper>.{json,md,png}``, then every paper's claims found there in one page,
 ``results/claims/summary.md``, and with ``--readme`` the same between README.md's claims markers."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from caprl import io
@@ -26,11 +27,12 @@ def update_readme(readme: Path, summary: str) -> None:
 
 
 def publish(verdicts: list[Path], out: Path) -> None:
-    """Copy each paper's verdicts json and page into ``out`` as ``<paper>.json`` and ``<paper>.md``."""
+    """Copy each paper's verdicts json, page and forest plot into ``out`` as ``<paper>.{json,md,png}``."""
     for path in verdicts:
         paper = io.read_json(path, "a paper's claims verdicts")["paper"]
-        for suffix in (".json", ".md"):
-            io.write_text(out / f"{paper}{suffix}", io.read_text(path.with_suffix(suffix)))
+        for suffix in (".json", ".md", ".png"):
+            with io.atomic_path(out / f"{paper}{suffix}") as tmp:
+                shutil.copyfile(path.with_suffix(suffix), tmp)
 
 
 def summary(out: Path, readme: Path | None = None) -> str:
