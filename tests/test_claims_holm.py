@@ -165,3 +165,6 @@ def test_the_forest_plot_has_a_row_per_claim_and_the_same_bytes_for_the_same_res
     many, two = Image.open(tmp_path / "a.png").size, Image.open(tmp_path / "two.png").size
     assert many[0] == two[0] and many[1] > 5 * two[1] / 2
     assert any(math.isnan(r["lo"]) for r in stored["results"])  # the rows that say why they have no interval
+    one_seed = [{**r, "lo": -math.inf, "hi": math.inf, "n": 1, "missing": []} for r in stored["results"][:2]]
+    forest_png(config, one_seed, tmp_path / "one_seed.png")  # an interval of one seed is infinite: a row saying so
+    assert Image.open(tmp_path / "one_seed.png").size == two

@@ -449,28 +449,32 @@ def test_a_recipe_scaled_down_runs_every_job_on_slurm(slurm_cluster: Cluster, ti
         assert " --requeue" in call and f" {profile['default-resources']['slurm_extra']}" in call, call
 
 
-def test_the_claims_on_slurm_give_the_local_verdicts(slurm_cluster: Cluster, tmp_path: Path) -> None:
+# Reduced (CI): one seed (13 SLURM jobs, each parsing the workflow and its claims modules: ~3 min);
+# full: two seeds, a verdict with an interval (`pytest --full`; 327 s on this 2-core machine).
+@pytest.mark.parametrize("seeds", [pytest.param([1], id="one-seed"),
+                                   pytest.param([1, 2], id="two-seeds", marks=pytest.mark.full)])
+def test_the_claims_on_slurm_give_the_local_verdicts(slurm_cluster: Cluster, tmp_path: Path, seeds: list[int]) -> None:
     """`snakemake --profile slurm all_claims` (issue 56): every job of every claims seed a SLURM job,
-    the target rules local; the same two seeds built locally (`--cores 2`) give the same scores in
-    every seed and the same verdicts (one thread per job on both: the same kernels, the same sums)."""
+    the target rules local; the same seeds built locally (`--cores 2`) give the same scores in every
+    seed and the same verdicts (one thread per job on both: the same kernels, the same sums)."""
     from test_claims_dag import workspace
     from test_e2e import run
 
-    local = workspace(tmp_path / "local", {"900": [1, 2]})
+    local = workspace(tmp_path / "local", {"900": seeds}, min_seeds=len(seeds))
     run(["snakemake", "--cores", "2", "all_claims"], local)
-    work = workspace(tmp_path / "cluster", {"900": [1, 2]})
+    work = workspace(tmp_path / "cluster", {"900": seeds}, min_seeds=len(seeds))
     render_profile(tmp_path / "profile-ci")
     started = time.monotonic()
     log = finish(snakemake(work, tmp_path / "profile-ci", ["all_claims"], PIPELINE_LIMIT_S), work)
-    print(f"all_claims (one paper, 2 seeds, tiny) on SLURM: {time.monotonic() - started:.0f} s")
+    print(f"all_claims (one paper, {len(seeds)} seed(s), tiny) on SLURM: {time.monotonic() - started:.0f} s")
     planned = planned_jobs(log)
     local_rules = set(re.findall(r"^localrule (\w+):", log, flags=re.M))
     assert local_rules == {"all_claims"}, local_rules
     ran = Counter(rule for slurm_id, (_, folder) in submissions(log).items() for rule in members(work, folder, slurm_id))
     assert ran == planned - Counter(all_claims=1)
-    assert ran["claims_900_verdicts"] == 1 and ran["claims_900_seed1_train"] == ran["claims_900_seed2_train"] == 2
+    assert ran["claims_900_verdicts"] == 1 and all(ran[f"claims_900_seed{s}_train"] == 2 for s in seeds)
     on_slurm, here = (json.loads((w / "results" / "claims" / "900.json").read_text()) for w in (work, local))
-    for seed in ("1", "2"):
+    for seed in map(str, seeds):
         assert on_slurm["per_seed"][seed]["runs"].keys() == here["per_seed"][seed]["runs"].keys()
         for run_name, scores in on_slurm["per_seed"][seed]["runs"].items():
             assert scores["metrics"] == here["per_seed"][seed]["runs"][run_name]["metrics"], (seed, run_name)

@@ -1,7 +1,7 @@
 """A paper's claims as a forest plot: each claim's paired difference (a - b; b - a for '<') with its
 95% interval over the seeds, against 0 (or -margin for '≥'), coloured by its verdict; Holm's verdict
 and the paper's own statement (the claim's source) beside it. A claim without an interval (a seed
-without a value) is a row that says why. Drawn on matplotlib's Agg canvas, no version in the bytes:
+without a value, a single seed) is a row that says why. Drawn on matplotlib's Agg canvas, no version in the bytes:
 the same results give the same PNG.
 """
 
@@ -27,7 +27,7 @@ def forest_png(config: dict[str, Any], results: list[dict[str, Any]], path: Path
     fig = Figure(figsize=(12.0, height))
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.33, 0.75 / height, 0.29, 0.55 * n / height))
-    finite = [x for r in results for x in (r["lo"], r["hi"], -r["margin"]) if not math.isnan(x)]
+    finite = [x for r in results for x in (r["lo"], r["hi"], -r["margin"]) if math.isfinite(x)]
     span = (min(finite + [0.0]), max(finite + [0.0]))
     pad = 0.08 * (span[1] - span[0] or 1.0)
     ax.set_xlim(span[0] - pad, span[1] + pad)
@@ -37,8 +37,8 @@ def forest_png(config: dict[str, Any], results: list[dict[str, Any]], path: Path
         colour = COLOURS[r["verdict"]]
         if r["kind"] == "at_least":
             ax.plot([-r["margin"]] * 2, [row - 0.4, row + 0.4], color="#999999", linestyle="--", linewidth=0.8)
-        if math.isnan(r["lo"]):
-            why = textwrap.shorten(r["missing"][0] if r["missing"] else "no value", 52)
+        if not (math.isfinite(r["lo"]) and math.isfinite(r["hi"])):  # a seed without a value; a single seed
+            why = textwrap.shorten(r["missing"][0] if r["missing"] else f"{r['n']} seed(s): no interval", 52)
             ax.text(0.02, row, f"no interval:\n{why}", transform=ax.get_yaxis_transform(), va="center", ha="left",
                     fontsize=6.5, color=colour)
         else:
