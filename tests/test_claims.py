@@ -92,13 +92,80 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
         for side in ("a", "b"):
             ref = claim[side]
             if isinstance(ref, str):
-                assert ref.split("/", 1)[1] in runs, (claim["id"], ref)
+                assert "/" not in ref and ref in runs, (claim["id"], ref)  # a run, on whatever dataset builds it
             else:
                 dataset = verdicts.ref_dataset(claim, ref)
                 assert ref["table"] in params["tables"], (claim["id"], ref)
                 assert ref["table"] in params_mod.dataset_tables(params, dataset), (claim["id"], ref)
                 if ref["table"] in ("psst_table1", "psst_table6"):
                     assert params["synthetic"]["n_val"] == params["synthetic"]["n_test"], claim["id"]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "claims").glob("*.yaml")), ids=lambda p: p.name)
+def test_a_claims_config_pins_no_rate_or_size_that_could_drift_from_params_yaml(path):
+    """The demo trains params.yaml's runs with the values chosen on validation: a claims config
+    sets no model size and no run's rate of its own (a pinned rate drifted from the demo's once:
+    issue 56), and binds every claim on the built-in set (none outside)."""
+    config = configs.load_config(path)
+    assert "models" not in config["demo"] and "objectives" not in config["demo"]
+    for run, entry in config["demo"].get("run_overrides", {}).items():
+        assert "lr" not in entry.get("options", {}), run
+    for item in config["demo"].get("runs", []):
+        for run, entry in (item.items() if isinstance(item, dict) else ()):
+            assert "lr" not in entry.get("options", {}), run
+    bound = configs.bind(config, configs.seed_params(default_params(), config, config["seeds"][0]))
+    assert not bound["outside"] and len(bound["claims"]) == len(config["claims"])
+
+
+def test_a_claim_is_bound_to_the_dataset_that_builds_its_runs_or_tables():
+    """A bare run binds to the one dataset evaluating it, a table to the one listing it; a dataset
+    named keeps it; a run on two datasets must be named; a claim nothing builds is outside, with
+    why; a config none of whose claims is built is an error saying to leave the paper out."""
+    def claim(i, a, b):
+        return {"id": f"c{i}", "text": f"claim {i}", "a": a, "b": b}
+
+    config = {"paper": "9", "claims": [claim(1, "x", "y"), claim(2, "coco/x", {"table": "t1", "row": "r", "column": "c"}),
+                                       claim(3, "x", "z"), claim(4, {"table": "t9", "row": "r", "column": "c"}, "y")]}
+    bound = configs.bind_to(config, {"coco": {"x", "y"}}, {"coco": {"t1"}})
+    assert [c["a"] for c in bound["claims"]] == ["coco/x", "coco/x"] and bound["claims"][0]["b"] == "coco/y"
+    assert bound["claims"][1]["b"]["dataset"] == "coco"
+    assert [(o["id"], o["why"]) for o in bound["outside"]] == [
+        ("c3", "these params build no run z"), ("c4", "these params build no table t9")]
+    with pytest.raises(CaprlError, match="coco/x"):
+        configs.bind_to(config, {"coco": {"x", "y"}, "f30k": {"x"}}, {})
+    assert configs.bind_to({"paper": "9", "claims": [claim(1, "f30k/x", "y")]}, {"coco": {"x", "y"}, "f30k": {"x"}},
+                           {})["claims"][0]["a"] == "f30k/x"
+    with pytest.raises(CaprlError, match="leave the paper out of claims.papers"):
+        configs.bind_to(config, {"f30k": {"w"}}, {})
+
+
+def test_under_a_recipe_the_claims_run_the_recipes_values_and_only_the_runs_they_compare():
+    """configs/recipes/transformer-coco.yaml with paper 005's claims: the recipe's runs and values
+    stand (no demo set sizes), the Transformer's NSC-vs-SCST claim binds to coco and the three that
+    need Top-Down runs are outside this recipe; stackcap-coco trains only the runs its claims read
+    and the runs they start from (not softatt, not the SCST of fc_lstm / lstm3)."""
+    from caprl import params as params_mod
+
+    def under(recipe, paper):
+        base = params_mod.read([str(REPO / "params.yaml"), str(REPO / "configs" / "recipes" / recipe)])
+        config = configs.load_config(configs.config_paths(REPO / "configs" / "claims", [paper])[paper])
+        params = configs.seed_params(base, config, config["seeds"][1])
+        return base, params, configs.bind(config, params)
+
+    base, params, bound = under("transformer-coco.yaml", "005")
+    assert params["seed"] == 2 and params["synthetic"] == base["synthetic"] and not configs.on_builtin_sets(params)
+    assert params["runs"] == {r: base["runs"][r] for r in base["datasets"]["coco"]["runs"]}  # 3: all read
+    assert params["models"] == base["models"]
+    assert [c["id"] for c in bound["claims"]] == ["nsc-vs-scst-transformer"]
+    assert bound["claims"][0]["a"] == "coco/transformer-nsc"
+    assert {o["id"] for o in bound["outside"]} == {"transformer-vs-topdown-xe", "transformer-vs-topdown-scst",
+                                                   "nsc-vs-scst-topdown"}
+    assert "these params build no run topdown-" in bound["outside"][0]["why"]
+    base, params, bound = under("stackcap-coco.yaml", "000")
+    assert set(params["runs"]) == set(base["datasets"]["coco"]["runs"]) - {"softatt-xe", "softatt-scst", "fc_lstm-scst",
+                                                                            "lstm3-scst"}
+    assert params["datasets"]["coco"]["runs"] == [r for r in base["datasets"]["coco"]["runs"] if r in params["runs"]]
+    assert all(params["runs"][r] == base["runs"][r] for r in params["runs"]) and not bound["outside"]
 
 
 def test_the_five_papers_state_at_least_32_claims():
@@ -215,7 +282,7 @@ def test_a_missing_run_metric_or_seed_makes_the_claim_unresolved_with_the_seed_n
 
 
 def test_a_claims_config_fixes_at_least_5_seeds_and_states_every_claim(tmp_path):
-    good = {"paper": "9", "title": "t", "seeds": SEEDS, "params": {}, "claims": [
+    good = {"paper": "9", "title": "t", "seeds": SEEDS, "demo": {}, "claims": [
         {"id": "x", "text": "a > b", "source": "Table 1: 2 vs 1", "a": "ds/a", "b": "ds/b", "metric": "m",
          "kind": "greater"}]}
 
@@ -225,6 +292,8 @@ def test_a_claims_config_fixes_at_least_5_seeds_and_states_every_claim(tmp_path)
         return configs.load_config(path)
 
     assert load(good)["seeds"] == SEEDS
+    with pytest.raises(CaprlError, match="params: is demo:"):
+        load({**{k: v for k, v in good.items() if k != "demo"}, "params": {}})
     for bad in ({"seeds": [1, 2, 3, 4]}, {"seeds": [1, 2, 3, 4, 4]}):
         with pytest.raises(CaprlError, match="at least 5 distinct"):
             load({**good, **bad})

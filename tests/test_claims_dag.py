@@ -5,6 +5,8 @@ that reads every seed's scores, all_claims publishing them to results/claims/.""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,13 +17,13 @@ import yaml
 from conftest import TINY, default_params, merge
 from test_e2e import fresh_copy, run
 
-CLAIM = {"id": "scst-beats-xe", "text": "SCST > XE (CIDEr-D)", "source": "a test's", "a": "synthetic/fc-scst",
-         "b": "synthetic/fc-xe", "metric": "metrics.CIDEr-D", "kind": "greater"}
+CLAIM = {"id": "scst-beats-xe", "text": "SCST > XE (CIDEr-D)", "source": "a test's", "a": "fc-scst",
+         "b": "fc-xe", "metric": "metrics.CIDEr-D", "kind": "greater"}
 
 
 def claims_config(paper: str, seeds: list[int]) -> dict[str, Any]:
     return {"paper": paper, "title": "a tiny claim", "seeds": seeds,
-            "params": {"runs": ["fc-xe", "fc-scst"], "evaluate": {"metrics": ["bleu", "cider_d"],
+            "demo": {"runs": ["fc-xe", "fc-scst"], "evaluate": {"metrics": ["bleu", "cider_d"],
                                                                    "diversity": {"methods": []}}, "tables": []},
             "claims": [CLAIM]}
 
@@ -41,9 +43,13 @@ def workspace(tmp_path: Path, papers: dict[str, list[int]], min_seeds: int = 2) 
     return fresh_copy(tmp_path / "work", params)
 
 
-def dry_jobs(work: Path, target: str) -> dict[str, int]:
+def dry_jobs(work: Path, target: str, *args: str) -> dict[str, int]:
     """rule -> jobs of a dry run of ``target``."""
-    proc = run(["snakemake", "-n", target], work)
+    return job_stats(run(["snakemake", "-n", target, *args], work))
+
+
+def job_stats(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """rule -> jobs, from Snakemake's job stats."""
     counts = {}
     for line in (proc.stdout + proc.stderr).split("Job stats:", 1)[1].split("\n\n", 1)[0].splitlines():
         parts = line.split()
@@ -108,3 +114,55 @@ def test_plan_counts_the_jobs_the_claims_dag_runs(tmp_path):
     assert row["jobs"] == sum(dry_jobs(work, "claims_900_verdicts").values())
     (five,) = json.loads(run(["caprl", "claims-plan", "--seeds", "5", "--format", "json", "--device", "cpu"], work).stdout)["claims"]
     assert (five["jobs"] - 1) * 2 == 5 * (row["jobs"] - 1) and five["hours"] == pytest.approx(2.5 * row["hours"])
+
+
+MINI = {"format": "karpathy", "raw": "data/raw/mini/dataset_synthetic.json", "media_root": "data/raw/mini/images",
+        "generate": False, "backbone": "tinycnn", "enabled": True}
+
+
+@pytest.mark.e2e
+def test_on_a_real_dataset_every_seed_reads_the_data_made_once(tmp_path):
+    """A recipe enabling a dataset of a real format (generate: false; its raw files the generator's,
+    copied): all_claims prepares its data and extracts its features once, and every seed reads those
+    files (hard links: one inode) while training from its own seed; its verdicts bind the claim's
+    bare run names to that dataset."""
+    work = workspace(tmp_path, {"900": [1, 2]})
+    run(["snakemake", "--cores", "1", "data/raw/synthetic/dataset_synthetic.json"], work)
+    shutil.copytree(work / "data" / "raw" / "synthetic", work / "data" / "raw" / "mini")
+    recipe = work / "configs" / "recipes" / "mini.yaml"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text(yaml.safe_dump({"datasets": {"synthetic": {"enabled": False}, "synthetic_video": {"enabled": False},
+                                                   "mini": MINI}, "claims": {"papers": ["900"]}}))
+    jobs = job_stats(run(["snakemake", "--cores", "2", "all_claims", "--configfile", str(recipe)], work))
+    assert jobs["prepare"] == jobs["vocab"] == jobs["merge_features"] == 1
+    assert not any(rule.startswith("claims_900_seed") and rule.endswith(("_prepare", "_features")) for rule in jobs)
+    for seed in (1, 2):
+        linked = work / "claims" / "900" / f"seed{seed}" / "data" / "mini"
+        for name in ("annotations.json", "labels.h5", "features_tinycnn.h5"):
+            assert os.stat(linked / name).st_ino == os.stat(work / "data" / "mini" / name).st_ino, (seed, name)
+    verdicts = json.loads((work / "claims" / "900" / "verdicts.json").read_text())
+    seeds = verdicts["per_seed"]
+    assert seeds["1"]["runs"]["mini/fc-xe"]["metrics"] != seeds["2"]["runs"]["mini/fc-xe"]["metrics"]
+    assert len(verdicts["results"][0]["a"]) == 2 and verdicts["outside"] == []
+
+
+def test_a_recipes_claims_share_its_data_and_the_plan_counts_the_dry_runs_jobs(tmp_path):
+    """configs/recipes/transformer-coco.yaml (stand-in raw files): all_claims prepares coco once, links
+    its data into each of paper 005's five seeds, trains only the Transformer's runs (the Top-Down
+    claims are outside the recipe), and `caprl claims-plan` counts as many jobs as the dry run."""
+    from test_recipes import stand_in_checkout
+    from caprl import params as params_mod
+    from caprl.workflow import plan as wp
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "recipes" / "transformer-coco.yaml"
+    params = params_mod.resolve(params_mod.read([str(recipe.parents[2] / "params.yaml"), str(recipe)]))
+    stand_in_checkout(tmp_path, recipe, wp.build_plan(params))
+    args = ["--configfile", f"configs/recipes/{recipe.name}"]
+    jobs = dry_jobs(tmp_path, "claims_005_verdicts", *args)
+    assert jobs["prepare"] == jobs["bottomup_features"] == 1
+    for seed in range(1, 6):
+        assert jobs[f"claims_005_seed{seed}_train"] == 3 and jobs[f"claims_005_seed{seed}_shared_data"] >= 5
+    plan = run(["caprl", "claims-plan", "--params", "params.yaml", *args[1:], "--format", "json"], tmp_path)
+    (row,) = json.loads(plan.stdout)["claims"]
+    assert (row["paper"], row["claims"], row["outside"]) == ("005", 1, 3)
+    assert row["jobs"] == sum(jobs.values())

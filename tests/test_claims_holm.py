@@ -113,7 +113,7 @@ def test_the_summary_counts_both_ways_per_paper_and_in_total(tmp_path):
 def test_render_only_redecides_the_stored_values_without_the_workflow(tmp_path):
     """A json as an earlier run wrote it (no p, no Holm): --render-only adds them from each claim's
     stored per-seed values, keeps those values and the per-seed data, and stamps the page."""
-    config = {"paper": "009", "title": "t", "seeds": SEEDS, "params": {}, "claims": [claim(i) for i in GAPS]}
+    config = {"paper": "009", "title": "t", "seeds": SEEDS, "demo": {}, "claims": [claim(i) for i in GAPS]}
     results = verdicts.resolve(config, per_seed(GAPS))
     old = [{k: v for k, v in r.items() if k not in ("p", "p_holm", "holm", "holm_m")} for r in results]
     meta = {"n_seeds": 5, "seeds": SEEDS, "test_images": 10, "seconds": 1, "cores": 2, "commit": "abc",

@@ -192,3 +192,22 @@ def test_runs_that_others_start_from_are_scheduled_first_and_the_longest_among_e
     assert {rule for rule, _ in data} == {"synthesize", "synthesize_video", "prepare", "vocab", "references",
                                           "cider_df", "features", "merge_features"}
     assert min(float(value) for _, value in data) > max(priority.values())
+
+
+def test_a_dataset_of_ones_own_not_yet_prepared_is_ordered_by_waiting_on_alone(tmp_path: Path, monkeypatch) -> None:
+    """A real dataset with no annotations yet and no known size cannot be costed: the train rule's
+    priority is then how many runs start from each run (the DAG builds; its first job prepares the
+    data), where with a size it adds the estimate's fraction."""
+    from caprl import params as params_mod
+    from caprl.workflow.plan import build_plan
+    from caprl.workflow.priority import train_priorities
+
+    params = params_mod.read([str(REPO / "params.yaml")])
+    params["datasets"]["synthetic"]["enabled"] = params["datasets"]["synthetic_video"]["enabled"] = False
+    params["datasets"]["mine"] = {"format": "karpathy", "raw": "raw/mine.json", "media_root": "raw/images",
+                                  "generate": False, "backbone": "tinycnn", "enabled": True}
+    monkeypatch.chdir(tmp_path)  # no data/mine/annotations.json here
+    plan = build_plan(params_mod.resolve(params))
+    priorities = train_priorities(plan)
+    assert priorities and all(value == plan.waiting_on(ds, run) for (ds, run), value in priorities.items())
+    assert max(priorities.values()) >= 1  # XE runs others start from still go first

@@ -184,8 +184,10 @@ def test_the_citation_check_finds_uncited_values() -> None:
 # -- the real Snakemake, one dry run per recipe (all at once: each is mostly imports) ----------------
 
 def stand_in_checkout(work: Path, recipe: Path, plan: wp.Plan) -> None:
-    """params.yaml, the Snakefile, workflow/ and the recipe, plus empty files where the plan reads raw data."""
+    """params.yaml, the Snakefile, workflow/, the claims configurations (a recipe names its paper's) and
+    the recipe, plus empty files where the plan reads raw data."""
     (work / "configs" / "recipes").mkdir(parents=True)
+    (work / "configs" / "claims").symlink_to(REPO / "configs" / "claims")
     shutil.copy(PARAMS, work / "params.yaml")
     shutil.copy(recipe, work / "configs" / "recipes" / recipe.name)
     for name in ("Snakefile", "workflow"):

@@ -1,9 +1,10 @@
 # The papers' claims as targets of this DAG (params.yaml's claims:). Each seed of each enabled claims
-# configuration is this workflow again as a module: the seed's params (the config's overrides laid
-# over params.yaml and any recipe, and the seed; caprl.claims.configs) written to its folder, every
+# configuration is this workflow again as a module: the seed's params (params.yaml and any recipe,
+# the config's demo: on the built-in sets, and the seed; caprl.claims.configs) written to its folder, every
 # file under claims/<paper>/seed<k>/, its rules named claims_<paper>_seed<k>_<rule>. So each
 # (paper, seed, run) is a job of the one DAG: SLURM runs every seed of every method at once, each
-# job resumable, and a change of params or of the config re-runs what it invalidates. A paper's
+# job resumable, and a change of params or of the config re-runs what it invalidates. A real dataset's
+# data are made once and hard-linked into every seed (rule shared_data). A paper's
 # rule claims_<paper>_verdicts reads every seed's scores and writes claims/<paper>/verdicts.{json,md}
 # (caprl claims); the targets claims_<paper> and all_claims publish them to results/claims/ with
 # the summary of every paper there (caprl claims-summary): a target without outputs runs whenever
@@ -28,7 +29,8 @@ def claims_module(paper, path, seed, claims_config):
     workflow.module(name, snakefile=workflow.main_snakefile, config=seed_config, prefix=workspace)
     workflow.userule(rules=["*"], from_module=name, exclude_rules=["all_tables", "tuning", "caption_folder"],
                      name_modifier=f"{name}_*")(lambda: None)
-    return [f"{workspace}/{path}" for path in seed_inputs(params, claims_config)]
+    bound = claims_configs.bind(claims_config, params)  # each claim's runs and tables on the dataset that builds them
+    return [f"{workspace}/{path}" for path in seed_inputs(params, bound)]
 
 
 for paper, path in CLAIMS_CONFIGS.items():

@@ -35,6 +35,11 @@ for (ds, run), reason in PLAN.skipped.items():
     logger.warning(f"run {run} on dataset {ds} is skipped: {reason}")
 
 DATASETS = PLAN.datasets
+# In a claims seed's module a real dataset's data (annotations .. features) are the project's: they do
+# not depend on the seed, so they are made once for every seed and hard-linked into the seed's folder
+# (rule shared_data); a generated dataset is drawn from the seed, its data made in the seed's folder.
+OWN_DATA = [ds for ds, spec in DATASETS.items() if spec.generate or not CLAIMS_SEED]
+SHARED_DATA = [ds for ds in DATASETS if ds not in OWN_DATA]
 GENERATED_IMAGES = [ds for ds, spec in DATASETS.items() if spec.generate and spec.format == "karpathy"]
 GENERATED_VIDEOS = [ds for ds, spec in DATASETS.items() if spec.generate and spec.format == "tgif"]
 EVAL_SPLIT = config["evaluate"]["split"]
@@ -195,22 +200,33 @@ def evaluate_settings(wildcards):
             "clip_score": config["datasets"][wildcards.dataset].get("clip_score")}
 
 
+def embedding_inputs(files, ds):
+    """What an embedding reads (a listener run's best.pt, or a real dataset's media: the project's)."""
+    media = DATASETS[ds].media_root
+    return [p for p in files.values() if p != media] + shared([media] if media in files.values() else [], DATASETS[ds])
+
+
+def embedding_args(files, ds):
+    media = DATASETS[ds].media_root
+    return wp.embedding_args({flag: p if p == media and not DATASETS[ds].generate else here(p) for flag, p in files.items()})
+
+
 def evaluate_embedding_files(wildcards):
     """What CLIP-S's embedding reads (a listener run's best.pt, or the raw images): the plan's, as dvc.yaml's."""
-    return list(PLAN.evaluate_embedding(wildcards.dataset).values())
+    return embedding_inputs(PLAN.evaluate_embedding(wildcards.dataset), wildcards.dataset)
 
 
 def evaluate_embedding_args(wildcards):
-    return wp.embedding_args({flag: here(path) for flag, path in PLAN.evaluate_embedding(wildcards.dataset).items()})
+    return embedding_args(PLAN.evaluate_embedding(wildcards.dataset), wildcards.dataset)
 
 
 def train_embedding_files(wildcards):
     """What the embedding of the run's clip_s reward reads (none for other rewards)."""
-    return list(PLAN.train_embedding(train_job(wildcards)).values())
+    return embedding_inputs(PLAN.train_embedding(train_job(wildcards)), wildcards.dataset)
 
 
 def train_embedding_args(wildcards):
-    return wp.embedding_args({flag: here(path) for flag, path in PLAN.train_embedding(train_job(wildcards)).items()})
+    return embedding_args(PLAN.train_embedding(train_job(wildcards)), wildcards.dataset)
 
 
 def attention_checkpoint(wildcards):

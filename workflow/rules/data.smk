@@ -48,6 +48,8 @@ rule prepare:
         wp.ANNOTATIONS,
     params:
         settings=prepare_settings,
+    wildcard_constraints:
+        dataset=one_of(OWN_DATA),
     log:
         "logs/{dataset}/prepare.log",
     priority: DATA_PRIORITY
@@ -70,6 +72,8 @@ rule vocab:
     params:
         # vocab: with datasets.<name>.vocab on top: a change reruns only that dataset's vocabulary
         settings=lambda wildcards: dataset_vocab(config, wildcards.dataset),
+    wildcard_constraints:
+        dataset=one_of(OWN_DATA),
     log:
         "logs/{dataset}/vocab.log",
     priority: DATA_PRIORITY
@@ -84,6 +88,8 @@ rule references:
         wp.ANNOTATIONS,
     output:
         wp.REFS,
+    wildcard_constraints:
+        dataset=one_of(OWN_DATA),
     log:
         "logs/{dataset}/references_{split}.log",
     priority: DATA_PRIORITY
@@ -98,6 +104,8 @@ rule cider_df:
         wp.ANNOTATIONS,
     output:
         wp.CIDER_DF,
+    wildcard_constraints:
+        dataset=one_of(OWN_DATA),
     log:
         "logs/{dataset}/cider_df.log",
     priority: DATA_PRIORITY
@@ -105,3 +113,18 @@ rule cider_df:
         **job_resources("cider_df"),
     shell:
         "caprl cider-df --params " + PARAMS + " --log {log} --annotations {input} --split train --out {output}"
+
+
+if SHARED_DATA:
+
+    rule shared_data:  # a claims seed's copy of the project's data of a real dataset: a hard link (one file, whatever the seeds)
+        input:
+            local("data/{dataset}/{file}"),
+        output:
+            "data/{dataset}/{file}",
+        wildcard_constraints:
+            dataset=one_of(SHARED_DATA),
+            file=r"[^/]+",
+        localrule: True
+        shell:
+            "ln -f {input:q} {output:q} 2>/dev/null || (cp -p {input:q} {output:q}.part && mv {output:q}.part {output:q})"

@@ -7,6 +7,7 @@ rule features:
     output:
         wp.SHARD,
     wildcard_constraints:
+        dataset=one_of(OWN_DATA),
         backbone=one_of(EXTRACTED_BACKBONES),
     params:
         settings=features_settings,
@@ -27,6 +28,7 @@ rule merge_features:
     output:
         wp.FEATURES,
     wildcard_constraints:
+        dataset=one_of(OWN_DATA),
         backbone=one_of(EXTRACTED_BACKBONES),
     params:
         shard_dir=here(wp.SHARD_DIR),
@@ -49,7 +51,7 @@ if BOTTOMUP_DATASETS:
         output:
             wp.FEATURES,
         wildcard_constraints:
-            dataset=one_of(BOTTOMUP_DATASETS),
+            dataset=one_of([ds for ds in BOTTOMUP_DATASETS if ds in OWN_DATA]),
             backbone=wp.BOTTOMUP,
         log:
             "logs/{dataset}/features_{backbone}.log",

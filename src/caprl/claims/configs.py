@@ -1,11 +1,18 @@
 """Claims configurations (``configs/claims/<paper>_<name>.yaml``) and the params of each seed.
 
-A configuration holds a paper's claims and ``params:``, overrides of the workflow's params (its
-``runs:`` replace them) sized to resolve the claims, and the seeds, fixed before any run. Each
-seed is the whole workflow again with those params and that seed (data, initialisation,
+A configuration holds a paper's claims, its seeds (fixed before any run) and ``demo:``, what the
+claims need of the built-in sets: which of params.yaml's runs (their values as chosen on
+validation, never pinned here), the set sizes, metrics and sweeps. A claim names runs
+(``fc-xe``) or table cells, not datasets: under the demo they are the built-in set's; under a
+recipe (a real dataset enabled, ``--configfile configs/recipes/<name>.yaml``) the recipe's
+values stand as they are, ``demo:`` does not apply, and each claim is bound to the dataset that
+builds its runs or tables; a claim the recipe builds nothing for is *outside* it, listed with the
+reason, never a verdict (:func:`bind`).
+
+Each seed is the whole workflow again with those params and that seed (data, initialisation,
 sampling), as a module of the one DAG (``workflow/rules/claims.smk``); within a seed every
-method starts from the same XE run, so the differences are paired. Pure Python: only
-:func:`write_seed_params` writes, and :func:`load_config` reads its file.
+method starts from the same XE run, so the differences are paired. Only :func:`write_seed_params`
+writes, and :func:`load_config` reads its file.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import yaml
 
 from caprl.claims.verdicts import KINDS, ref_dataset
 from caprl.errors import CaprlError
+from caprl.workflow.plan import build_plan
 
 MIN_SEEDS = 5  # params.yaml's claims.min_seeds: fewer only where a test says so
 WORKSPACE = "claims/{paper}/seed{seed}"  # a seed's data, runs, results and logs (the module's prefix)
@@ -55,7 +63,10 @@ def load_config(path: Path, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
     run) and every claim's id, text, source, sides and kind (``at_least``: a positive ``margin`` and
     its ``margin_reason``)."""
     config = yaml.safe_load(Path(path).read_text())
-    for key in ("paper", "title", "seeds", "params", "claims"):
+    if "params" in config:
+        raise CaprlError(f"{path}: params: is demo: since the claims apply to recipes too (it is laid over "
+                         "params.yaml on the built-in sets only): rename it")
+    for key in ("paper", "title", "seeds", "demo", "claims"):
         if key not in config:
             raise CaprlError(f"{path}: missing key {key!r}")
     seeds = config["seeds"]
@@ -78,20 +89,39 @@ def load_config(path: Path, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
     return config
 
 
+def on_builtin_sets(base: dict[str, Any]) -> bool:
+    """Whether ``base`` enables only generated datasets (the demo), not a real one (a recipe)."""
+    enabled = [spec for spec in base["datasets"].values() if spec.get("enabled", True)]
+    return all(spec.get("generate", False) for spec in enabled)
+
+
 def seed_params(base: dict[str, Any], config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """``base`` (params.yaml with any recipe laid over it) with the config's overrides and the seed.
-    Its ``runs:`` replace base's: a list names base's runs (their values, chosen on validation, as
-    they stand), an item ``{name: entry}`` of it (or a mapping for the whole) gives a run of the
-    config's own; ``run_overrides:`` then merges into named runs' entries (e.g. another sweep). The
-    seed's MLflow runs go to their own experiment, ``<experiment>/claims/<paper>/seed<k>``."""
+    """``base`` (params.yaml with any recipe laid over it) for one seed of the config. On the
+    built-in sets, the config's ``demo:`` is laid over it: its ``runs:`` replace base's (a list
+    names base's runs, their values as they stand; an item ``{name: entry}`` gives a run of the
+    config's own), its ``run_overrides:`` then merge into named runs' entries (e.g. another sweep).
+    Under a recipe, the recipe's runs and values stand. The seed's MLflow runs go to their own
+    experiment, ``<experiment>/claims/<paper>/seed<k>``."""
     base = {k: v for k, v in base.items() if k != "claims"}
-    overrides = {k: v for k, v in config["params"].items() if k not in ("runs", "run_overrides")}
-    params = merge(base, overrides)
-    runs = config["params"]["runs"]
+    if on_builtin_sets(base):
+        params = demo_params(base, config)
+    else:
+        params = recipe_params(base, config)
+    params["tuning"] = {"budget": params["tuning"]["budget"], "runs": {}}  # the claims train no tuning points
+    params["seed"] = seed
+    params["tracking"] = {**params["tracking"],
+                          "experiment": f"{params['tracking']['experiment']}/claims/{config['paper']}/seed{seed}"}
+    return params
+
+
+def demo_params(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    demo = config["demo"]
+    params = merge(base, {k: v for k, v in demo.items() if k not in ("runs", "run_overrides")})
+    runs = demo.get("runs", list(base["runs"]))
     if isinstance(runs, list):
         unknown = [r for r in runs if isinstance(r, str) and r not in base["runs"]]
         if unknown:
-            raise CaprlError(f"claims config {config['paper']}: runs {unknown} are not in params.yaml's runs:")
+            raise CaprlError(f"claims config {config['paper']}: demo.runs {unknown} are not in params.yaml's runs:")
         entries: dict[str, Any] = {}
         for item in runs:
             if isinstance(item, str):
@@ -99,19 +129,81 @@ def seed_params(base: dict[str, Any], config: dict[str, Any], seed: int) -> dict
             elif isinstance(item, dict):
                 entries.update(item)
             else:
-                raise CaprlError(f"claims config {config['paper']}: runs: {item!r} is neither a run's name nor "
-                                 "{name: entry}")
+                raise CaprlError(f"claims config {config['paper']}: demo.runs: {item!r} is neither a run's name "
+                                 "nor {name: entry}")
         runs = entries
     params["runs"] = copy.deepcopy(runs)
-    for run, entry in config["params"].get("run_overrides", {}).items():
+    for run, entry in demo.get("run_overrides", {}).items():
         if run not in params["runs"]:
-            raise CaprlError(f"claims config {config['paper']}: run_overrides names {run!r}, not one of its runs")
+            raise CaprlError(f"claims config {config['paper']}: demo.run_overrides names {run!r}, not one of its runs")
         params["runs"][run] = merge(params["runs"][run], entry)
-    params["tuning"] = {"budget": params["tuning"]["budget"], "runs": {}}  # the claims train no tuning points
-    params["seed"] = seed
-    params["tracking"] = {**params["tracking"],
-                          "experiment": f"{params['tracking']['experiment']}/claims/{config['paper']}/seed{seed}"}
     return params
+
+
+def recipe_params(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """A recipe's params for its claims: its runs that the claims compare and the runs they start
+    from (every run where a claim reads a table: the table's rows are the recipe's choice)."""
+    params = copy.deepcopy(base)
+    bound = bind(config, params)
+    if tables_read(bound):
+        return params
+    needed: set[str] = set()
+    todo = [claim[side].split("/", 1)[1] for claim in bound["claims"] for side in ("a", "b")]
+    while todo:
+        run = todo.pop()
+        if run not in needed:
+            needed.add(run)
+            todo += [r for r in (params["runs"][run].get("init") or {}).values() if isinstance(r, str)]
+    params["runs"] = {run: entry for run, entry in params["runs"].items() if run in needed}
+    for spec in params["datasets"].values():
+        if "runs" in spec:
+            spec["runs"] = [run for run in spec["runs"] if run in needed]
+    return params
+
+
+def bind(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The config with each claim bound to what ``params`` (a seed's, resolved or not) build: a run
+    side ``<run>`` becomes ``<dataset>/<run>`` (the one dataset that evaluates it), a table side
+    gets the one dataset whose tables list it. A claim with a side nothing builds moves to
+    ``outside`` (id, text, why): under a recipe, the claims of runs it does not train."""
+    plan = build_plan(params)
+    runs = {ds: {job.run for job in plan.evaluated(ds)} for ds in plan.datasets}
+    tables = {ds: set(plan.tables(ds)) for ds in plan.datasets}
+    return bind_to(config, runs, tables)
+
+
+def bind_to(config: dict[str, Any], runs: dict[str, set[str]], tables: dict[str, set[str]]) -> dict[str, Any]:
+    """:func:`bind` on ``runs`` (dataset -> its evaluated runs) and ``tables`` (dataset -> its tables)."""
+    bound, outside = [], []
+    for claim in config["claims"]:
+        claim = copy.deepcopy(claim)
+        why = []
+        for side in ("a", "b"):
+            ref = claim[side]
+            if isinstance(ref, dict):
+                name, known, where = ref["table"], tables, ref.get("dataset") or claim.get("dataset")
+            else:
+                where, _, name = ref.rpartition("/")
+                known = runs
+            found = [ds for ds in known if name in known[ds] and (not where or ds == where)]
+            if len(found) > 1:
+                raise CaprlError(f"claims config {config['paper']}: claim {claim['id']}: {name} is built on "
+                                 f"{found}: name the dataset ({found[0]}/{name})")
+            if not found:
+                kind = "table" if isinstance(ref, dict) else "run"
+                why.append(f"these params build no {kind} {name}" + (f" on {where}" if where else ""))
+            elif isinstance(ref, dict):
+                claim[side] = {**ref, "dataset": found[0]}
+            else:
+                claim[side] = f"{found[0]}/{name}"
+        if why:
+            outside.append({"id": claim["id"], "text": claim["text"], "why": "; ".join(dict.fromkeys(why))})
+        else:
+            bound.append(claim)
+    if not bound:
+        raise CaprlError(f"claims config {config['paper']}: these params build none of its claims "
+                         f"({outside[0]['why']}, ...): leave the paper out of claims.papers")
+    return {**config, "claims": bound, "outside": outside}
 
 
 def write_seed_params(path: Path, params: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from caprl import io
 from caprl import params as params_mod
 from caprl.claims.collect import collect_seed
-from caprl.claims.configs import MIN_SEEDS, WORKSPACE, load_config
+from caprl.claims.configs import MIN_SEEDS, WORKSPACE, bind, bind_to, load_config
 from caprl.claims.forest import forest_png
 from caprl.claims.verdicts import decide, holm, paper_markdown, resolve
 from caprl.errors import CaprlError
@@ -60,6 +60,27 @@ def other_code(commits: list[str], head: str, repo: Path = Path(".")) -> list[st
     return differ
 
 
+def test_images(per_seed: dict[Any, dict[str, Any]]) -> str:
+    """How many test images the seeds' runs were scored on (``a-b`` where they differ)."""
+    counts = sorted({int(scores["n_images"]) for seed in per_seed.values() for scores in seed["runs"].values()
+                     if "n_images" in scores})
+    return "?" if not counts else f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}-{counts[-1]:,}"
+
+
+def stored_binding(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """:func:`caprl.claims.configs.bind` on what a stored run's seeds hold (its runs' and tables' keys)."""
+    runs: dict[str, set[str]] = {}
+    tables: dict[str, set[str]] = {}
+    for values in per_seed.values():
+        for key in values.get("runs", {}):
+            ds, run = key.split("/", 1)
+            runs.setdefault(ds, set()).add(run)
+        for key in values.get("tables", {}):
+            ds, table = key.split("/", 1)
+            tables.setdefault(ds, set()).add(table)
+    return bind_to(config, runs, tables)
+
+
 def write_paper(json_path: Path, config: dict[str, Any], results: list[dict[str, Any]],
                 meta: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) -> str:
     """The paper's json (``json_path``), its page and its forest plot beside it (``.md``, ``.png``);
@@ -67,7 +88,7 @@ def write_paper(json_path: Path, config: dict[str, Any], results: list[dict[str,
     page = paper_markdown(config, results, meta)
     forest_png(config, results, json_path.with_suffix(".png"))
     io.write_json(json_path, {"paper": config["paper"], "title": config["title"], "meta": meta,
-                              "results": results, "per_seed": per_seed})
+                              "results": results, "outside": config.get("outside", []), "per_seed": per_seed})
     io.write_text(json_path.with_suffix(".md"), page)
     return page
 
@@ -78,6 +99,8 @@ def verdicts(config_path: Path, root: Path, out: Path, target: str, min_seeds: i
     SHA-256), the claims resolved over every seed of the config."""
     config = load_config(config_path, min_seeds)
     paper = config["paper"]
+    first = params_mod.load([str(root / WORKSPACE.format(paper=paper, seed=config["seeds"][0]) / "params.yaml")])
+    config = bind(config, first)
     per_seed: dict[int, dict[str, Any]] = {}
     for seed in config["seeds"]:
         workspace = root / WORKSPACE.format(paper=paper, seed=seed)
@@ -89,11 +112,10 @@ def verdicts(config_path: Path, root: Path, out: Path, target: str, min_seeds: i
         per_seed[seed] = collect_seed(params, config, workspace)
         per_seed[seed]["params_file"] = str(params_file)
         per_seed[seed]["params_sha256"] = hashlib.sha256(params_file.read_bytes()).hexdigest()
-    first = params_mod.load([str(root / WORKSPACE.format(paper=paper, seed=config["seeds"][0]) / "params.yaml")])
     meta: dict[str, Any] = {
         "n_seeds": len(config["seeds"]), "seeds": config["seeds"], "seeds_run": config["seeds"],
         "commit": commit(), "date": datetime.date.today().isoformat(), "config": str(config_path),
-        "test_images": first["synthetic"]["n_test"], "made_at": made_at(per_seed),
+        "test_images": test_images(per_seed), "made_at": made_at(per_seed),
         "dag": {"target": target, "train_seconds": round(sum(s["train_seconds"] for s in per_seed.values()), 2)},
     }
     meta["other_code"] = other_code(meta["made_at"], meta["commit"])
@@ -112,6 +134,7 @@ def reread(config_path: Path, out: Path, min_seeds: int = MIN_SEEDS) -> str:
             values["tables"] = {}
             values["tables_reason"] = ("its tables' operating points were read off the test curves (stored at "
                                        f"{stored['meta']['commit']}, before they were chosen on validation): re-run")
+    config = stored_binding(config, per_seed)
     meta = dict(stored["meta"])
     meta.update(n_seeds=len(config["seeds"]), seeds=config["seeds"], config=str(config_path))
     meta["reread"] = {"commit": commit(), "date": datetime.date.today().isoformat(),
@@ -126,6 +149,9 @@ def render(config_path: Path, out: Path, min_seeds: int = MIN_SEEDS) -> str:
     the scores. The config must still state the stored claims (else ``reread``)."""
     config = load_config(config_path, min_seeds)
     stored = io.read_json(out, "a paper's claims results")
+    outside = {c["id"] for c in stored.get("outside", [])}
+    config = {**config, "claims": [c for c in config["claims"] if c["id"] not in outside],
+              "outside": stored.get("outside", [])}
     if [c["id"] for c in config["claims"]] != [r["id"] for r in stored["results"]]:
         raise CaprlError(f"{config_path}: its claims are not the ones {out} stored: --reread reads them again")
     results = holm([decide(r) for r in stored["results"]])

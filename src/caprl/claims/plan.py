@@ -6,7 +6,8 @@ submitted: each enabled claims configuration's jobs and GPU-hours over its seeds
 The estimates are ``caprl plan``'s (:mod:`caprl.workflow.costs`); a claims seed is the workflow
 with that seed's params (:func:`caprl.claims.configs.seed_params`), so its cost is the same for
 every seed: one seed's estimate times the seeds (the jobs its scores need: no table files, curves
-or figures), plus the paper's verdicts job (not costed: no GPU).
+or figures), plus the paper's verdicts job (not costed: no GPU). Under a recipe a real dataset's
+data jobs count once: every seed reads the project's data (hard links).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 # what a claims seed does not build: its verdicts read score files (and build the tables they read
 # in-process, from the runs' and the baseline's scores), never the tables' files, curves or figures
 CLAIMS_SKIP = {"tables", "curves", "psst_figures", "attention_figure"}
+# a real dataset's data rules and the files each writes that a seed reads (workflow/rules/data.smk's
+# shared_data links them; extraction's shards are read by merge_features only)
+LINKED = {"prepare": 1, "vocab": 2, "references": 1, "cider_df": 1, "features": 0, "merge_features": 1,
+          "bottomup_features": 1}
 
 
 @dataclass
@@ -39,6 +44,8 @@ class ClaimsCost:
     paper: str
     config: str
     seeds: int
+    claims: int
+    outside: int
     jobs: int
     hours: float
 
@@ -54,12 +61,20 @@ def claims_costs(base: dict[str, Any], device: str, costs: dict[str, Any], seeds
         try:
             params = params_mod.resolve(claims_configs.seed_params(base, config, config["seeds"][0]))
             params_mod.check(params)
+            config = claims_configs.bind(config, params)
         except CaprlError as exc:
-            raise CaprlError(f"{path}: its overrides do not apply to these params: {exc}") from exc
-        skip = CLAIMS_SKIP | (set() if claims_configs.tables_read(config) else {"baseline"})
+            raise CaprlError(f"{path}: {exc}") from exc
+        skip = CLAIMS_SKIP | (set() if claims_configs.tables_read(config) else {"baseline", "gold_retrieval"})
         rows = [r for r in estimate(params, device, costs).rows if r.rule not in skip]
-        hours = math.fsum(r.hours for r in rows if r.hours is not None)
-        out.append(ClaimsCost(paper, str(path), n, n * len(rows) + 1, n * hours))
+        # a real dataset's data: made once for every seed, each of its files hard-linked into each seed
+        real = {ds for ds, spec in params["datasets"].items() if not spec.get("generate")}
+        once = [r for r in rows if r.rule in LINKED and r.dataset in real]
+        per_seed = [r for r in rows if r not in once]
+        links = sum(LINKED[r.rule] for r in once)
+        hours = n * math.fsum(r.hours for r in per_seed if r.hours is not None) + math.fsum(
+            r.hours for r in once if r.hours is not None)
+        out.append(ClaimsCost(paper, str(path), n, len(config["claims"]), len(config["outside"]),
+                              n * (len(per_seed) + links) + len(once) + 1, hours))
     return out
 
 
@@ -67,11 +82,14 @@ def render_claims(rows: list[ClaimsCost], fmt: str, device: str, costs: dict[str
     unit = "GPU-hours" if device != "cpu" else "CPU-hours"
     if fmt == "json":
         return json.dumps({"claims": [asdict(r) for r in rows], "device": device, "unit": unit}, indent=1) + "\n"
-    head = ["claims", "seeds", "jobs", unit]
-    body = [[f"{r.paper} ({Path(r.config).name})", str(r.seeds), f"{r.jobs:,}", hours_text(r.hours)] for r in rows]
-    body.append(["total", "", f"{sum(r.jobs for r in rows):,}", hours_text(math.fsum(r.hours for r in rows))])
+    head = ["claims", "resolved here (outside)", "seeds", "jobs", unit]
+    body = [[f"{r.paper} ({Path(r.config).name})", f"{r.claims} ({r.outside})", str(r.seeds), f"{r.jobs:,}",
+             hours_text(r.hours)] for r in rows]
+    body.append(["total", f"{sum(r.claims for r in rows)} ({sum(r.outside for r in rows)})", "",
+                 f"{sum(r.jobs for r in rows):,}", hours_text(math.fsum(r.hours for r in rows))])
     note = (f"snakemake all_claims on {costs['devices'][device]['label']}: every seed is the workflow with its "
-            "claims params (docs/benchmark.md); one seed's estimate times the seeds, plus one verdicts job per paper.")
+            "claims params (docs/benchmark.md); one seed's estimate times the seeds, plus one verdicts job per paper. "
+            "Outside: claims whose runs or tables these params do not build (no verdict).")
     if fmt == "md":
         return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
                           *("| " + " | ".join(x) + " |" for x in body)]) + f"\n\n{note}\n"

@@ -300,6 +300,10 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
         lines.append(f"* {r['text']}: a = {', '.join(_f(x) for x in r['a'])}; b = {', '.join(_f(x) for x in r['b'])}"
                      + (f" ({r['why']})" if r.get("why") and not r.get("missing") else "")
                      + (f" Margin: {r['margin_reason']}" if r.get("margin_reason") else ""))
+    outside = config.get("outside", [])
+    if outside:
+        lines += ["", f"Outside these params ({len(outside)}; no verdict, not in Holm's family):", "",
+                  *[f"* {o['text']}: {o['why']}" for o in outside]]
     notes = config.get("notes", [])
     if notes:
         lines += ["", "Notes:", "", *[f"* {n}" for n in notes]]
