@@ -412,3 +412,27 @@ def test_the_best_epochs_record_is_the_runs_validation_point():
     assert validation.best_record({**history, "best_epoch": None}) == {}
     with pytest.raises(CaprlError, match="best_epoch 7 has no record"):
         validation.best_record({**history, "best_epoch": 7})
+
+
+# ---------------------------------------------------------------- the papers' tables over the seeds
+
+def test_a_tables_cells_are_averaged_over_the_seeds_with_their_interval():
+    """Each cell the mean and the 95% Student-t half-width over the seeds with a value (n=k where
+    fewer than all), a cell equal in every seed (a paper's number) as it is, rows matched by name;
+    captions that differ by seed are not averaged, said so."""
+    from caprl.claims import seed_tables
+
+    seeds = ["method,CIDEr-D,CIDEr-D (paper)\nXE,100.0,94.0\nSCST,110.0,104.0\n",
+             "method,CIDEr-D,CIDEr-D (paper)\nSCST,114.0,104.0\nXE,104.0,94.0\n",
+             "method,CIDEr-D,CIDEr-D (paper)\nXE,—,94.0\nSCST,112.0,104.0\n"]
+    rows = seed_tables.over_seeds(seeds)
+    half = stats.t.ppf(0.975, 2) * 2.0 / math.sqrt(3)  # SCST: 110, 114, 112: sd 2
+    assert rows[0] == ["method", "CIDEr-D", "CIDEr-D (paper)"]
+    assert rows[2] == ["SCST", f"112.00 ± {half:.2f}", "104.0"]
+    half_xe = stats.t.ppf(0.975, 1) * math.sqrt(8.0) / math.sqrt(2)  # XE: 100, 104 (seed 3 empty): sd sqrt(8)
+    assert rows[1] == ["XE", f"102.00 ± {half_xe:.2f} (n=2)", "94.0"]
+    captions = ["image,XE\n1,a dog runs\n", "image,XE\n1,a cat sits\n"]
+    assert "captions" in seed_tables.over_seeds(captions)
+    md = seed_tables.tables_markdown({1: {"tables": {"ds/t": seeds[0]}, "table_notes": {"ds/t": ["Table 1"]}},
+                                      2: {"tables": {"ds/t": seeds[1]}}}, [1, 2, 3])
+    assert "## ds/t" in md and "Table 1. Mean ± 95% interval (Student t) over 2 seeds (1, 2)" in md

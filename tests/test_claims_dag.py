@@ -24,7 +24,7 @@ CLAIM = {"id": "scst-beats-xe", "text": "SCST > XE (CIDEr-D)", "source": "a test
 def claims_config(paper: str, seeds: list[int]) -> dict[str, Any]:
     return {"paper": paper, "title": "a tiny claim", "seeds": seeds,
             "demo": {"runs": ["fc-xe", "fc-scst"], "evaluate": {"metrics": ["bleu", "cider_d"],
-                                                                   "diversity": {"methods": []}}, "tables": []},
+                                                                   "diversity": {"methods": []}}, "tables": ["main"]},
             "claims": [CLAIM]}
 
 
@@ -100,6 +100,8 @@ def test_all_claims_builds_every_seed_and_publishes_the_verdicts(tmp_path):
     assert seeds["1"]["runs"]["synthetic/fc-xe"]["metrics"] != seeds["2"]["runs"]["synthetic/fc-xe"]["metrics"]
     assert seeds["2"]["params_file"] == "claims/900/seed2/params.yaml" and len(seeds["2"]["params_sha256"]) == 64
     assert "| 900 |" in (work / "results" / "claims" / "summary.md").read_text()
+    tables = (work / "results" / "claims" / "900_tables.md").read_text()  # the main table over the 2 seeds
+    assert "## synthetic/main" in tables and "over 2 seeds (1, 2)" in tables and " ± " in tables
     again = run(["snakemake", "--cores", "2", "all_claims"], work)
     assert "claims_900_seed1_train" not in again.stderr and "all_claims" in again.stderr
 

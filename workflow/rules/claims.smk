@@ -50,6 +50,7 @@ for paper, path in CLAIMS_CONFIGS.items():
         output:
             json=CLAIMS_VERDICTS[paper],
             md=CLAIMS_VERDICTS[paper].replace(".json", ".md"),
+            tables=CLAIMS_VERDICTS[paper].replace(".json", "_tables.md"),  # its tables, mean and interval over the seeds
             forest=report(CLAIMS_VERDICTS[paper].replace(".json", ".png"), caption="../report/forest.rst",
                           category="Claims", labels={"paper": paper}),
         params:

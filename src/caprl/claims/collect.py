@@ -32,9 +32,15 @@ def seed_inputs(params: dict[str, Any], config: dict[str, Any]) -> list[str]:
     plan = build_plan(params)
     jobs = [job for ds in plan.datasets for job in plan.evaluated(ds)]
     files = [job.result(SCORES) for job in jobs] + [job.result(RETRIEVAL) for job in jobs if job.retrieval]
-    for ds in sorted({ds for ds, _ in tables_read(config)}):
+    for ds in sorted({ds for ds, _ in seed_table_names(plan, config)}):
         files += [f for f in plan.table_inputs(ds) if f not in files]  # the gold-caption recalls too
     return files
+
+
+def seed_table_names(plan: Any, config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(dataset, table) of every table a seed builds: those its claims read and those its params list
+    (averaged over the seeds: :mod:`caprl.claims.seed_tables`)."""
+    return sorted(tables_read(config) | {(ds, table) for ds in plan.datasets for table in plan.tables(ds)})
 
 
 def validation_numbers(workspace: Path, reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -81,7 +87,7 @@ def train_seconds(workspace: Path, params: dict[str, Any]) -> float:
 
 def collect_seed(params: dict[str, Any], config: dict[str, Any], workspace: Path) -> dict[str, Any]:
     """One seed's values: every evaluated run's scores (with its retrieval results), their validation
-    numbers, the tables the claims read (CSV, and their title and notes), its params' seed."""
+    numbers, its tables (CSV, and their title and notes), its params' seed."""
     plan = build_plan(params)
     out: dict[str, Any] = {"seed": params["seed"], "workspace": str(workspace), "runs": {}, "validation": {},
                            "tables": {}, "table_notes": {}, "train_seconds": round(train_seconds(workspace, params), 2)}
@@ -93,7 +99,7 @@ def collect_seed(params: dict[str, Any], config: dict[str, Any], workspace: Path
                 scores["retrieval"] = {k: v for k, v in retrieval.items() if k != "ranks"}
             out["runs"][f"{job.dataset}/{job.run}"] = scores
     out["validation"] = validation_numbers(workspace, out["runs"])
-    tables = sorted(tables_read(config))
+    tables = seed_table_names(plan, config)
     for key, built in seed_tables(params, workspace, tables).items():
         out["tables"][key] = built["csv"]
         out["table_notes"][key] = [built["title"], *built["notes"]]

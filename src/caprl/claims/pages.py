@@ -22,6 +22,7 @@ from caprl import params as params_mod
 from caprl.claims.collect import collect_seed
 from caprl.claims.configs import MIN_SEEDS, WORKSPACE, bind, bind_to, load_config
 from caprl.claims.forest import forest_png
+from caprl.claims.seed_tables import tables_markdown
 from caprl.claims.verdicts import decide, holm, paper_markdown, resolve
 from caprl.errors import CaprlError
 
@@ -81,12 +82,19 @@ def stored_binding(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) 
     return bind_to(config, runs, tables)
 
 
+def tables_path(json_path: Path) -> Path:
+    """Where a paper's tables over its seeds go beside its json: ``<stem>_tables.md``."""
+    return json_path.with_name(f"{json_path.stem}_tables.md")
+
+
 def write_paper(json_path: Path, config: dict[str, Any], results: list[dict[str, Any]],
                 meta: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) -> str:
-    """The paper's json (``json_path``), its page and its forest plot beside it (``.md``, ``.png``);
-    the page's text."""
+    """The paper's json (``json_path``), its page, its forest plot and its tables over the seeds
+    beside it (``.md``, ``.png``, ``_tables.md``); the page's text."""
     page = paper_markdown(config, results, meta)
     forest_png(config, results, json_path.with_suffix(".png"))
+    io.write_text(tables_path(json_path), f"# Paper {config['paper']}: its tables over the claims' seeds\n\n"
+                  + (tables_markdown(per_seed, list(config["seeds"])) or "Its claims build no table.\n"))
     io.write_json(json_path, {"paper": config["paper"], "title": config["title"], "meta": meta,
                               "results": results, "outside": config.get("outside", []), "per_seed": per_seed})
     io.write_text(json_path.with_suffix(".md"), page)

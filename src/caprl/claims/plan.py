@@ -22,8 +22,10 @@ from typing import Any
 
 from caprl import io, params as params_mod
 from caprl.claims import configs as claims_configs
+from caprl.claims.collect import seed_table_names
 from caprl.errors import CaprlError
 from caprl.workflow.costs import DEVICES, estimate, load_costs
+from caprl.workflow.plan import build_plan
 from caprl.workflow.plan_report import _text_table, hours_text
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ def claims_costs(base: dict[str, Any], device: str, costs: dict[str, Any], seeds
             config = claims_configs.bind(config, params)
         except CaprlError as exc:
             raise CaprlError(f"{path}: {exc}") from exc
-        skip = CLAIMS_SKIP | (set() if claims_configs.tables_read(config) else {"baseline", "gold_retrieval"})
+        tables = seed_table_names(build_plan(params), config)  # built in-process from the baseline's scores too
+        skip = CLAIMS_SKIP | (set() if tables else {"baseline", "gold_retrieval"})
         rows = [r for r in estimate(params, device, costs).rows if r.rule not in skip]
         # a real dataset's data: made once for every seed, each of its files hard-linked into each seed
         real = {ds for ds, spec in params["datasets"].items() if not spec.get("generate")}

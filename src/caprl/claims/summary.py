@@ -1,6 +1,6 @@
 """The claims the DAG resolved, published (``caprl claims-summary``, the targets ``claims_<paper>``
 and ``all_claims``): each paper's ``claims/<paper>/verdicts.{json,md,png}`` copied to
-``results/claims/<paper>.{json,md,png}``, then every paper's claims found there in one page,
+``results/claims/<paper>.{json,md,png}`` (and ``_tables.md``), then every paper's claims found there in one page,
 ``results/claims/summary.md``, and with ``--readme`` the same between README.md's claims markers."""
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ def update_readme(readme: Path, summary: str) -> None:
 
 
 def publish(verdicts: list[Path], out: Path) -> None:
-    """Copy each paper's verdicts json, page and forest plot into ``out`` as ``<paper>.{json,md,png}``."""
+    """Copy each paper's verdicts json, page, forest plot and tables over the seeds into ``out`` as
+    ``<paper>.{json,md,png}`` and ``<paper>_tables.md``."""
     for path in verdicts:
         paper = io.read_json(path, "a paper's claims verdicts")["paper"]
-        for suffix in (".json", ".md", ".png"):
+        for suffix in (".json", ".md", ".png", "_tables.md"):
             with io.atomic_path(out / f"{paper}{suffix}") as tmp:
-                shutil.copyfile(path.with_suffix(suffix), tmp)
+                shutil.copyfile(path.with_name(path.stem + suffix), tmp)
 
 
 def summary(out: Path, readme: Path | None = None) -> str:

@@ -283,6 +283,7 @@ def paper_markdown(config: dict[str, Any], results: list[dict[str, Any]], meta: 
              f"{meta['n_seeds']} seeds ({', '.join(map(str, meta['seeds']))}), fixed in the config before the run, "
              f"paired within a seed; {meta['test_images']} test images; {built(meta)}; "
              f"commit {meta['commit']}, {meta['date']}. Config: `{meta['config']}`. {LEGEND}",
+             "", f"Its tables over the seeds (each cell's mean and 95% interval): `results/claims/{config['paper']}_tables.md`.",
              *(["", holm_legend(len(results))] if results else []),
              *([f"**Not re-trained:** {meta['reread']['note']}"] if meta.get("reread") else []),
              *(["", f"**Verdicts rendered** at {meta['rendered']['commit']} ({meta['rendered']['date']}) from the "
