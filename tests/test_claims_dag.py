@@ -102,6 +102,15 @@ def test_all_claims_builds_every_seed_and_publishes_the_verdicts(tmp_path):
     assert "| 900 |" in (work / "results" / "claims" / "summary.md").read_text()
     tables = (work / "results" / "claims" / "900_tables.md").read_text()  # the main table over the 2 seeds
     assert "## synthetic/main" in tables and "over 2 seeds (1, 2)" in tables and " ± " in tables
+    from mlflow.tracking import MlflowClient  # every run of a seed tagged: the UI finds a claim's runs
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments() if "/claims/900/seed" in e.name]
+    tagged = client.search_runs(experiments, "tags.`caprl.claims.paper` = '900'", max_results=1000)
+    assert len(experiments) == 2 and len(tagged) == len(client.search_runs(experiments, max_results=1000))
+    assert {(r.data.tags["caprl.claims.seed"], r.data.tags["caprl.job"]) for r in tagged} >= {
+        ("1", "synthetic/fc-xe/train"), ("2", "synthetic/fc-scst/train"), ("2", "synthetic/fc-scst/evaluate")}
+    assert {r.data.tags["caprl.claims.config"] for r in tagged} == {"900_tiny.yaml"}
     again = run(["snakemake", "--cores", "2", "all_claims"], work)
     assert "claims_900_seed1_train" not in again.stderr and "all_claims" in again.stderr
 

@@ -63,6 +63,7 @@ def load_config(path: Path, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
     run) and every claim's id, text, source, sides and kind (``at_least``: a positive ``margin`` and
     its ``margin_reason``)."""
     config = yaml.safe_load(Path(path).read_text())
+    config["file"] = Path(path).name  # what the seeds' MLflow runs are tagged with
     if "params" in config:
         raise CaprlError(f"{path}: params: is demo: since the claims apply to recipes too (it is laid over "
                          "params.yaml on the built-in sets only): rename it")
@@ -101,7 +102,8 @@ def seed_params(base: dict[str, Any], config: dict[str, Any], seed: int) -> dict
     names base's runs, their values as they stand; an item ``{name: entry}`` gives a run of the
     config's own), its ``run_overrides:`` then merge into named runs' entries (e.g. another sweep).
     Under a recipe, the recipe's runs and values stand. The seed's MLflow runs go to their own
-    experiment, ``<experiment>/claims/<paper>/seed<k>``."""
+    experiment, ``<experiment>/claims/<paper>/seed<k>``, tagged with the paper, the configuration's
+    file and the seed (``caprl.claims.*``: the MLflow UI finds a claim's runs over its seeds)."""
     base = {k: v for k, v in base.items() if k != "claims"}
     if on_builtin_sets(base):
         params = demo_params(base, config)
@@ -110,7 +112,9 @@ def seed_params(base: dict[str, Any], config: dict[str, Any], seed: int) -> dict
     params["tuning"] = {"budget": params["tuning"]["budget"], "runs": {}}  # the claims train no tuning points
     params["seed"] = seed
     params["tracking"] = {**params["tracking"],
-                          "experiment": f"{params['tracking']['experiment']}/claims/{config['paper']}/seed{seed}"}
+                          "experiment": f"{params['tracking']['experiment']}/claims/{config['paper']}/seed{seed}",
+                          "tags": {**params["tracking"].get("tags", {}), "caprl.claims.paper": config["paper"],
+                                   "caprl.claims.config": config.get("file", config["paper"]), "caprl.claims.seed": seed}}
     return params
 
 

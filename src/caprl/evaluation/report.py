@@ -9,7 +9,7 @@ from caprl import io
 from caprl.errors import CaprlError
 from caprl.evaluation import clip_score
 from caprl.metrics.official import shared_scorer
-from caprl.tracking import Tracker, provenance
+from caprl.tracking import Tracker, params_tags, provenance
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def score_and_record(
     examples = [{"image_id": i, "caption": captions[i], "references": references[i]}
                 for i in sorted(captions)[: ev["n_examples"]]]
     io.write_json(out_examples, examples)
-    tags = {"stage": "evaluate", **{k: str(v) for k, v in info.items() if not isinstance(v, (dict, list))}}
+    tags = {**params_tags(params), "stage": "evaluate", **{k: str(v) for k, v in info.items() if not isinstance(v, (dict, list))}}
     with Tracker(params["tracking"]["experiment"], f"{dataset}/{label}/evaluate", tags=tags, stage="evaluate",
                  parent_run_id=train_run_id or None) as tracker:
         tracker.log_params({"evaluate": ev, "decode": params["decode"], **{"info": info}})

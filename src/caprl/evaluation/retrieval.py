@@ -174,13 +174,13 @@ def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, params["train"]["num_threads"]))
     report = retrieval_report(params, args)
     io.write_json(args.out, report)
-    from caprl.tracking import Tracker
+    from caprl.tracking import Tracker, params_tags
 
     # nested under the training run (a listener run has no evaluation run: its training run too)
     train_run_id = checkpoint.mlflow_run_id(args.checkpoint) or None
     recall = {k: report[k] for k in ("R@1", "R@5", "R@10", "mean_rank", "median_rank")}
     with Tracker(params["tracking"]["experiment"], f"{args.dataset}/{args.run}/retrieval", stage="retrieval",
-                 tags={"stage": "retrieval", "dataset": args.dataset, "run": args.run,
+                 tags={**params_tags(params), "stage": "retrieval", "dataset": args.dataset, "run": args.run,
                        "captions": report["captions"]},
                  parent_run_id=train_run_id) as tracker:
         tracker.log_metrics(recall)

@@ -25,6 +25,7 @@ import subprocess
 import time
 from functools import lru_cache
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -86,6 +87,12 @@ def source_tags(stage: str) -> dict[str, str]:
         if "git_repo_url" in info:
             tags["mlflow.source.git.repoURL"] = info["git_repo_url"]
     return tags
+
+
+def params_tags(params: Mapping[str, Any]) -> dict[str, str]:
+    """``tracking.tags``: what every MLflow run of these params carries (a claims seed's: its paper,
+    claims configuration and seed, so the MLflow UI finds a claim's runs across its seeds)."""
+    return {str(k): str(v) for k, v in params["tracking"].get("tags", {}).items()}
 
 
 def _user() -> str:

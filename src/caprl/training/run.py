@@ -234,7 +234,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     previous = state_dir / "last.pt"  # a resumed job logs on into its MLflow run; changed parameters: a new one
     run_id = (checkpoint.resumable_run_id(previous, meta.config_hash) or None) if previous.exists() else None
     init_run_ids = {role: checkpoint.mlflow_run_id(path) for role, path in inits.items() if Path(path).is_file()}
-    tags = train_tags(dataset, run, spec, init_run_ids)
+    tags = {**settings.tracking_tags, **train_tags(dataset, run, spec, init_run_ids)}
     # the trainer's start (its state resumed, or Adam's state carried from the init checkpoints: one without
     # it fails here) before the MLflow run opens, so that a start that fails writes nothing
     trainer = Trainer(model, objective, data, loop, make_validator(data, **val_decode), state_dir, meta, None, dist)

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from caprl import params as params_mod
 from caprl.errors import CaprlError
 from caprl.retrieval import ListenerConfig
+from caprl.tracking import params_tags
 from caprl.training.loop import LoopConfig
 
 VALIDATE_WITH = ("evaluation", "greedy")
@@ -56,6 +57,7 @@ class TrainSettings:
     max_length: int  # decode.max_length
     prefetch: int  # loading.prefetch
     experiment: str  # tracking.experiment
+    tracking_tags: dict[str, str]  # tracking.tags (caprl.tracking.params_tags)
     listener: ListenerConfig | None  # listener: (paper 004's methods build theirs from it)
     # the sections as params.yaml has them: what the run's config hash and its MLflow record hold
     sections: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +81,7 @@ class TrainSettings:
                    patience=int(t["patience"]), cuda_graphs=bool(t["cuda_graphs"]),
                    validate_with=str(t["validate_with"]), max_length=int(params["decode"]["max_length"]),
                    prefetch=int(params["loading"]["prefetch"]), experiment=str(params["tracking"]["experiment"]),
+                   tracking_tags=params_tags(params),
                    listener=ListenerConfig.from_dict(params["listener"]) if "listener" in params else None,
                    sections={"train": dict(t), "decode": dict(params["decode"]),
                              "reward": params["rewards"].get(reward) if reward else None,

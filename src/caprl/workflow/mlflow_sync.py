@@ -23,7 +23,7 @@ import yaml
 
 from caprl import params as params_mod
 from caprl.models import checkpoint
-from caprl.tracking import Tracker, tracking_uri
+from caprl.tracking import Tracker, params_tags, tracking_uri
 from caprl.training.run import tracked_config, train_tags
 from caprl.workflow.plan import BASELINE_RUN, RETRIEVAL, SCORES, TrainJob, build_plan
 
@@ -67,7 +67,7 @@ def sync_train(params: dict[str, Any], job: TrainJob, known: dict[str, Any]) -> 
     history = json.loads(Path(job.history).read_text(encoding="utf-8"))
     init_run_ids = {role: known[f"{job.dataset}/{source}/train"].info.run_id for role, source in job.spec.init.items()
                     if f"{job.dataset}/{source}/train" in known}
-    tags = {**train_tags(job.dataset, job.run, job.spec, init_run_ids), **FROM_FILES}
+    tags = {**params_tags(params), **train_tags(job.dataset, job.run, job.spec, init_run_ids), **FROM_FILES}
     config = tracked_config(params, job.dataset, job.spec, job.run)
     with Tracker(params["tracking"]["experiment"], name, tags=tags, stage="train") as tracker:
         tracker.log_params(config)
@@ -90,7 +90,7 @@ def sync_result(params: dict[str, Any], dataset: str, run: str, kind: str, path:
     metrics = report["metrics"] if kind == "evaluate" else {k: report[k] for k in RECALL}
     logged = False
     if name not in known:
-        tags = {"stage": kind, "dataset": dataset, "run": run, **FROM_FILES,
+        tags = {**params_tags(params), "stage": kind, "dataset": dataset, "run": run, **FROM_FILES,
                 **({"captions": report["captions"]} if kind == "retrieval" and "captions" in report else {})}
         with Tracker(params["tracking"]["experiment"], name, tags=tags, stage=kind, parent_run_id=parent) as tracker:
             if kind == "evaluate":
