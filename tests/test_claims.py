@@ -436,3 +436,55 @@ def test_a_tables_cells_are_averaged_over_the_seeds_with_their_interval():
     md = seed_tables.tables_markdown({1: {"tables": {"ds/t": seeds[0]}, "table_notes": {"ds/t": ["Table 1"]}},
                                       2: {"tables": {"ds/t": seeds[1]}}}, [1, 2, 3])
     assert "## ds/t" in md and "Table 1. Mean ± 95% interval (Student t) over 2 seeds (1, 2)" in md
+
+
+# ---------------------------------------------------------------- rliable's aggregate
+
+def test_the_rliable_aggregate_ranks_runs_and_gives_each_claim_its_probability_of_improvement():
+    """Runs a > b > c on every metric and seed: IQMs in that order, P(a > b) = 1 with interval [1, 1]
+    (every seed of a above every seed of b), P(b > b') = 0.5 for a run against its copy; each task's
+    normalised scores average 1 over runs and seeds; the same scores give the same intervals; claims
+    on table cells only give no aggregate, said so."""
+    import numpy as np
+
+    from caprl.claims import aggregate
+
+    rng = np.random.RandomState(0)
+    level = {"a": 120.0, "b": 100.0, "c": 80.0}
+    per_seed = {s: {"runs": {f"ds/{r}": {"metrics": {"CIDEr-D": v + rng.rand(), "BLEU-4": v / 4 + rng.rand(),
+                                                      "note": "x"}} for r, v in level.items()}} for s in (1, 2, 3, 4, 5)}
+    for s in per_seed:
+        per_seed[s]["runs"]["ds/b2"] = per_seed[s]["runs"]["ds/b"]
+    claims = [{"id": "1", "a": "ds/a", "b": "ds/b"}, {"id": "2", "a": "ds/b", "b": "ds/b2"},
+              {"id": "3", "a": "ds/c", "b": "ds/a"}]
+    tasks, scores = aggregate.score_matrices(per_seed, aggregate.compared_runs({"claims": claims}))
+    assert tasks == ["ds/BLEU-4", "ds/CIDEr-D"]
+    assert np.allclose(np.mean(np.stack(list(scores.values())), axis=(0, 1)), 1.0)
+    result = aggregate.paper_aggregate({"claims": claims}, per_seed, 1)
+    iqm = {run: v[0] for run, v in result["iqm"].items()}
+    assert iqm["ds/a"] > iqm["ds/b"] > iqm["ds/c"]
+    assert all(lo <= p <= hi for p, lo, hi in result["iqm"].values())
+    p = {(x["a"], x["b"]): x["p"] for x in result["improvement"]}
+    assert p[("ds/a", "ds/b")] == [1.0, 1.0, 1.0] and p[("ds/b", "ds/b2")][0] == 0.5 and p[("ds/c", "ds/a")][0] == 0.0
+    assert aggregate.paper_aggregate({"claims": claims}, per_seed, 1) == result
+    table_only = {"claims": [{"id": "t", "a": {"table": "t"}, "b": {"table": "t"}}]}
+    assert "table cells" in aggregate.paper_aggregate(table_only, per_seed, 1)["skipped"]
+    assert "| ds/a | ds/b | 1.00 | [1.00, 1.00] |" in aggregate.aggregate_markdown(result)
+
+
+def test_the_vectorised_probability_of_improvement_is_rliables():
+    """caprl's broadcast P(X > Y) against rliable's own (scipy's Mann-Whitney U per task) on random,
+    tied and identical scores, with different run counts."""
+    import numpy as np
+    from rliable import metrics
+
+    from caprl.claims.aggregate import probability_of_improvement
+
+    rng = np.random.RandomState(3)
+    cases = [(rng.rand(5, 4), rng.rand(5, 4)), (rng.rand(3, 2), rng.rand(7, 2)),
+             (np.round(rng.rand(5, 3), 1), np.round(rng.rand(5, 3), 1))]
+    same = rng.rand(5, 3)
+    cases.append((same, same.copy()))
+    for x, y in cases:
+        assert probability_of_improvement(x, y) == pytest.approx(float(metrics.probability_of_improvement(x, y)),
+                                                                 abs=1e-12)

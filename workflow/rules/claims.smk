@@ -51,8 +51,10 @@ for paper, path in CLAIMS_CONFIGS.items():
             json=CLAIMS_VERDICTS[paper],
             md=CLAIMS_VERDICTS[paper].replace(".json", ".md"),
             tables=CLAIMS_VERDICTS[paper].replace(".json", "_tables.md"),  # its tables, mean and interval over the seeds
+            aggregate=report(CLAIMS_VERDICTS[paper].replace(".json", "_aggregate.png"), caption="../report/aggregate.rst",
+                             category="Claims", labels={"paper": paper, "figure": "rliable aggregate"}),
             forest=report(CLAIMS_VERDICTS[paper].replace(".json", ".png"), caption="../report/forest.rst",
-                          category="Claims", labels={"paper": paper}),
+                          category="Claims", labels={"paper": paper, "figure": "forest plot"}),
         params:
             target=f"claims_{paper}",
             min_seeds=CLAIMS["min_seeds"],

@@ -19,6 +19,7 @@ from typing import Any
 
 from caprl import io
 from caprl import params as params_mod
+from caprl.claims.aggregate import aggregate_markdown, aggregate_png, paper_aggregate
 from caprl.claims.collect import collect_seed
 from caprl.claims.configs import MIN_SEEDS, WORKSPACE, bind, bind_to, load_config
 from caprl.claims.forest import forest_png
@@ -89,14 +90,18 @@ def tables_path(json_path: Path) -> Path:
 
 def write_paper(json_path: Path, config: dict[str, Any], results: list[dict[str, Any]],
                 meta: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) -> str:
-    """The paper's json (``json_path``), its page, its forest plot and its tables over the seeds
-    beside it (``.md``, ``.png``, ``_tables.md``); the page's text."""
-    page = paper_markdown(config, results, meta)
+    """The paper's json (``json_path``), its page, its forest plot, its tables over the seeds and its
+    rliable aggregate's figure beside it (``.md``, ``.png``, ``_tables.md``, ``_aggregate.png``); the
+    page's text."""
+    aggregate = paper_aggregate(config, per_seed, int(config["seeds"][0]))
+    page = paper_markdown(config, results, meta) + aggregate_markdown(aggregate)
     forest_png(config, results, json_path.with_suffix(".png"))
+    aggregate_png(aggregate, f"Paper {config['paper']}", json_path.with_name(f"{json_path.stem}_aggregate.png"))
     io.write_text(tables_path(json_path), f"# Paper {config['paper']}: its tables over the claims' seeds\n\n"
                   + (tables_markdown(per_seed, list(config["seeds"])) or "Its claims build no table.\n"))
     io.write_json(json_path, {"paper": config["paper"], "title": config["title"], "meta": meta,
-                              "results": results, "outside": config.get("outside", []), "per_seed": per_seed})
+                              "results": results, "outside": config.get("outside", []), "aggregate": aggregate,
+                              "per_seed": per_seed})
     io.write_text(json_path.with_suffix(".md"), page)
     return page
 
@@ -158,8 +163,8 @@ def render(config_path: Path, out: Path, min_seeds: int = MIN_SEEDS) -> str:
     config = load_config(config_path, min_seeds)
     stored = io.read_json(out, "a paper's claims results")
     outside = {c["id"] for c in stored.get("outside", [])}
-    config = {**config, "claims": [c for c in config["claims"] if c["id"] not in outside],
-              "outside": stored.get("outside", [])}
+    config = {**stored_binding(config, stored["per_seed"]), "outside": stored.get("outside", [])}
+    config["claims"] = [c for c in config["claims"] if c["id"] not in outside]
     if [c["id"] for c in config["claims"]] != [r["id"] for r in stored["results"]]:
         raise CaprlError(f"{config_path}: its claims are not the ones {out} stored: --reread reads them again")
     results = holm([decide(r) for r in stored["results"]])

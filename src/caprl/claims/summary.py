@@ -27,11 +27,11 @@ def update_readme(readme: Path, summary: str) -> None:
 
 
 def publish(verdicts: list[Path], out: Path) -> None:
-    """Copy each paper's verdicts json, page, forest plot and tables over the seeds into ``out`` as
-    ``<paper>.{json,md,png}`` and ``<paper>_tables.md``."""
+    """Copy each paper's verdicts json, page, forest plot, tables over the seeds and aggregate into
+    ``out`` as ``<paper>.{json,md,png}``, ``<paper>_tables.md`` and ``<paper>_aggregate.png``."""
     for path in verdicts:
         paper = io.read_json(path, "a paper's claims verdicts")["paper"]
-        for suffix in (".json", ".md", ".png", "_tables.md"):
+        for suffix in (".json", ".md", ".png", "_tables.md", "_aggregate.png"):
             with io.atomic_path(out / f"{paper}{suffix}") as tmp:
                 shutil.copyfile(path.with_name(path.stem + suffix), tmp)
 

@@ -340,4 +340,8 @@ def summary_markdown(out_dir: Path) -> str:
         bold = "**" if paper == "total" else ""
         lines.append(f"| {bold}{paper}{bold} | {m} | " + " | ".join(
             f"{c['holds']} / {c['reversed']} / {c['unresolved']}" for c in (per_claim, by_holm)) + " |")
+    from caprl.claims.aggregate import across_markdown, across_papers
+
+    papers = {path.stem: json.loads(path.read_text()) for path in sorted(out_dir.glob("[0-9][0-9][0-9].json"))}
+    lines.append(across_markdown(across_papers(papers)))
     return "\n".join(lines) + "\n\nMeasured: " + "; ".join(stamps) + ".\n"
