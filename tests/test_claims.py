@@ -488,3 +488,69 @@ def test_the_vectorised_probability_of_improvement_is_rliables():
     for x, y in cases:
         assert probability_of_improvement(x, y) == pytest.approx(float(metrics.probability_of_improvement(x, y)),
                                                                  abs=1e-12)
+
+
+# ---------------------------------------------------------------- seeds needed, before the run
+
+def test_the_seeds_a_claim_needs_are_the_smallest_with_80_percent_power():
+    """The smallest n at which the paired t-test (statsmodels' TTestPower) reaches 80% power for the
+    paper's effect over the pilot's sd: ceil of statsmodels' own solution; more than 1,000 is None."""
+    import numpy as np
+    from statsmodels.stats.power import TTestPower
+
+    from caprl.claims import power
+
+    def at(n, d):
+        return power.t_power(n, d)
+
+    assert power.t_power(10, 1.0) == pytest.approx(TTestPower().power(effect_size=1.0, nobs=10, alpha=0.05))
+    # where statsmodels is NaN (1 df, a large effect), the integral; checked against a simulation
+    rng = np.random.RandomState(0)
+    draws = rng.standard_normal((200000, 2)) + 6.08
+    t = draws.mean(axis=1) / (draws.std(axis=1, ddof=1) / math.sqrt(2))
+    assert power.t_power(2, 6.08) == pytest.approx(np.mean(np.abs(t) > stats.t.ppf(0.975, 1)), abs=0.005)
+
+    for effect, sd in ((5.0, 5.0), (11.3, 4.57), (1.1, 4.79), (24.8, 4.08), (-3.0, 2.0)):
+        n, d = power.seeds_needed(effect, sd), abs(effect) / sd
+        assert at(n, d) >= 0.8 and (n == 2 or at(n - 1, d) < 0.8), (effect, sd, n)
+    assert power.seeds_needed(5.0, 5.0) == math.ceil(TTestPower().solve_power(effect_size=1.0, alpha=0.05, power=0.8))
+    assert power.seeds_needed(0.01, 10.0) is None and power.seeds_needed(1.0, 0.0) == 2
+
+
+def test_the_papers_effect_is_read_from_the_claims_source_in_its_units_and_sign():
+    from caprl.claims import power
+
+    def claim(source, kind="greater", **extra):
+        return {"id": "x", "source": source, "kind": kind, "a": "r1", "b": "r2", **extra}
+
+    assert power.paper_effect(claim("Table 2: Stack-Cap (C2F) 120.4 vs Stack-Cap* (C2F) 115.9"))[0] == pytest.approx(4.5)
+    assert power.paper_effect(claim("Table 1: 85.7 vs 91.4", kind="less"))[0] == pytest.approx(5.7)
+    assert power.paper_effect(claim("MODEL_ZOO.md: UpDown self-critical 122.7 -> new self-critical 123.9"))[0] == \
+        pytest.approx(1.2)  # b -> a
+    table = {"table": "psst_table1", "row": "PSST Multinomial", "column": "CIDEr-D", "scale": 100}
+    assert power.paper_effect({**claim("Table 1: CIDEr 1.119 vs 0.902"), "a": table})[0] == pytest.approx(21.7)
+    assert power.paper_effect(claim("Table 1: 101 vs 100", kind="at_least", margin=2.0))[0] == pytest.approx(3.0)
+    assert power.paper_effect(claim("Fig. 4: better", paper_effect=3.5)) == (3.5, "paper_effect")
+    assert power.paper_effect(claim("summary: an improvement over MIXER")) is None
+    rows = power.claim_power({"claims": [claim("Table 1: 10 vs 5"), claim("summary: better")]},
+                             {"results": [{"id": "x", "sd": 5.0, "n_read": 5}]})
+    assert rows[0]["needed"] == power.seeds_needed(5.0, 5.0) and "no two numbers" in rows[1]["why"]
+
+
+def test_claims_plan_prints_the_seeds_each_claim_needs_from_a_pilot():
+    """`caprl claims-plan --pilot results/claims` (a real subprocess, the README's command): a row per
+    claim of every configuration; where the paper gives its numbers and the pilot its spread, the
+    seeds needed (at least 2), else why not."""
+    import subprocess
+
+    proc = subprocess.run(["caprl", "claims-plan", "--pilot", "results/claims", "--format", "json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    needed = json.loads(proc.stdout)["power"]
+    for path in sorted((REPO / "configs" / "claims").glob("*.yaml")):
+        config = configs.load_config(path)
+        rows = needed[config["paper"]]
+        assert [r["id"] for r in rows] == [c["id"] for c in config["claims"]]
+        for r in rows:
+            assert (r["needed"] is not None and r["needed"] >= 2) or r["why"], r
+    assert any(r["needed"] for rows in needed.values() for r in rows)

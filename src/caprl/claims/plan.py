@@ -1,13 +1,15 @@
 """``caprl claims-plan``: the papers' claims (``snakemake all_claims``) before anything is
 submitted: each enabled claims configuration's jobs and GPU-hours over its seeds.
 
-    caprl claims-plan --params params.yaml [--device h100|h200|cpu] [--seeds N] [--format table|md|json]
+    caprl claims-plan --params params.yaml [--device h100|h200|cpu] [--seeds N] [--pilot DIR] [--format table|md|json]
 
 The estimates are ``caprl plan``'s (:mod:`caprl.workflow.costs`); a claims seed is the workflow
 with that seed's params (:func:`caprl.claims.configs.seed_params`), so its cost is the same for
 every seed: one seed's estimate times the seeds (the jobs its scores need: no table files, curves
 or figures), plus the paper's verdicts job (not costed: no GPU). Under a recipe a real dataset's
-data jobs count once: every seed reads the project's data (hard links).
+data jobs count once: every seed reads the project's data (hard links). With ``--pilot DIR`` (an
+earlier claims result), the seeds each claim needs to resolve an effect of the paper's size
+(:mod:`caprl.claims.power`), printed before the main run so its seed count is fixed in advance.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from caprl import io, params as params_mod
-from caprl.claims import configs as claims_configs
+from caprl.claims import configs as claims_configs, power
 from caprl.claims.collect import seed_table_names
 from caprl.errors import CaprlError
 from caprl.workflow.costs import DEVICES, estimate, load_costs
@@ -99,11 +101,30 @@ def render_claims(rows: list[ClaimsCost], fmt: str, device: str, costs: dict[str
     return _text_table(head, body) + f"\n\n{note}\n"
 
 
+def pilot_power(base: dict[str, Any], pilot: Path, seeds: int | None) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """Per enabled paper, its claims' seeds needed from the pilot's ``<paper>.json`` (caprl.claims.power),
+    and their table."""
+    spec = base["claims"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    lines = ["", f"Seeds each claim needs (two-sided paired t-test at {power.ALPHA}, power {power.POWER:.0%}: its "
+             f"95% interval excludes 0 for an effect of the paper's size), from the pilot's spread ({pilot}):", "",
+             "| paper | claim | paper's effect (read from) | pilot sd of the differences | seeds needed |",
+             "|---|---|---|---|---|"]
+    for paper, path in claims_configs.config_paths(Path(spec["configs"]), spec["papers"]).items():
+        config = claims_configs.load_config(path, spec["min_seeds"])
+        stored = pilot / f"{paper}.json"
+        out[paper] = power.claim_power(config, io.read_json(stored, "a claims result") if stored.exists() else None)
+        lines += power.power_markdown(paper, out[paper], seeds or len(config["seeds"]))
+    return out, "\n".join(lines) + "\n"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=DEVICES, default="h100", help="whose measured step costs (default: h100)")
     parser.add_argument("--format", choices=("table", "md", "json"), default="table")
     parser.add_argument("--seeds", type=int, default=None, metavar="N",
                         help="cost N seeds per paper instead of each configuration's own")
+    parser.add_argument("--pilot", type=Path, default=None, metavar="DIR",
+                        help="an earlier claims result (<paper>.json, e.g. results/claims): the seeds each claim needs")
     parser.add_argument("--out", type=Path, default=None, help="also write the output to this file (atomically)")
 
 
@@ -111,8 +132,12 @@ def main(args: argparse.Namespace) -> None:
     files = [str(f) for f in args.params]
     costs = load_costs()
     params_mod.load(files)  # validated, errors naming the file
-    text = render_claims(claims_costs(params_mod.read(files), args.device, costs, args.seeds), args.format,
-                         args.device, costs)
+    base = params_mod.read(files)
+    text = render_claims(claims_costs(base, args.device, costs, args.seeds), args.format, args.device, costs)
+    if args.pilot:
+        needed, table = pilot_power(base, args.pilot, args.seeds)
+        text = (json.dumps({**json.loads(text), "power": needed}, indent=1) + "\n" if args.format == "json"
+                else text + table)
     print(text, end="")
     if args.out:
         io.write_text(args.out, text)
