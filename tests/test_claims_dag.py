@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -177,3 +178,16 @@ def test_a_recipes_claims_share_its_data_and_the_plan_counts_the_dry_runs_jobs(t
     (row,) = json.loads(plan.stdout)["claims"]
     assert (row["paper"], row["claims"], row["outside"]) == ("005", 1, 3)
     assert row["jobs"] == sum(jobs.values())
+
+
+def test_a_seeds_jobs_get_the_profiles_set_resources_and_the_rules_groups(tmp_path):
+    """The SLURM profile's set-resources name the main rules (`train: cpus_per_gpu`): a seed's
+    train jobs ask for the same; its prepare -> vocab and evaluate jobs are job groups as the main
+    workflow's are (the rules' `group:`; shown by a dry run as a cluster would submit them)."""
+    work = workspace(tmp_path, {"900": [1]}, min_seeds=1)
+    proc = run(["snakemake", "-n", "all_claims", "--set-resources", "train:cpus_per_gpu=7"], work)
+    text = proc.stdout + proc.stderr
+    trains = re.findall(r"rule claims_900_seed1_train:\n(?:    .*\n)*?    resources: (.*)", text)
+    assert len(trains) == 2 and all("cpus_per_gpu=7" in r for r in trains), trains
+    groups = re.findall(r"Group job (\w+)", text)
+    assert {"data", "evaluation"} <= set(groups), groups

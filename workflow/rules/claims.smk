@@ -18,6 +18,16 @@ CLAIMS_PUBLISHED = "results/claims"  # what the last claims target published (tr
 CLAIMS_VERDICTS = {}  # paper -> its verdicts json (its page beside it)
 
 
+def inherit_set_resources(prefix):
+    """The profile's `set-resources` (a GPU model, CPUs per GPU) name the main workflow's rules; a
+    seed's rules are named `<prefix>_<rule>` when its module is read, and Snakemake looks them up by
+    that name then: give them their main rule's first. (Job groups are the rules' own `group:`.)"""
+    resources = workflow.resource_settings._parsed_overwrite_resources  # Snakemake 9's parsed --set-resources
+    for rule in [rule.name for rule in workflow.rules if not rule.name.startswith("claims_")]:
+        if rule in resources:
+            resources[f"{prefix}_{rule}"] = resources[rule]
+
+
 def claims_module(paper, path, seed, claims_config):
     """Register the seed's module and use its rules but the targets; the files its verdicts read."""
     workspace = claims_configs.WORKSPACE.format(paper=paper, seed=seed)
@@ -26,6 +36,7 @@ def claims_module(paper, path, seed, claims_config):
     claims_configs.write_seed_params(params_file, params)
     name = f"claims_{paper}_seed{seed}"
     seed_config = {**params, "claims_seed": {"workspace": workspace, "params_file": str(params_file)}}
+    inherit_set_resources(name)
     workflow.module(name, snakefile=workflow.main_snakefile, config=seed_config, prefix=workspace)
     workflow.userule(rules=["*"], from_module=name, exclude_rules=["all_tables", "tuning", "caption_folder"],
                      name_modifier=f"{name}_*")(lambda: None)

@@ -53,6 +53,8 @@ rule prepare:
     log:
         "logs/{dataset}/prepare.log",
     priority: DATA_PRIORITY
+    group:
+        "data"
     resources:
         **job_resources("prepare"),
     shell:
@@ -77,6 +79,8 @@ rule vocab:
     log:
         "logs/{dataset}/vocab.log",
     priority: DATA_PRIORITY
+    group:
+        "data"
     resources:
         **job_resources("vocab"),
     shell:

@@ -19,6 +19,8 @@ rule evaluate:
         embedding=evaluate_embedding_args,
     log:
         "logs/{dataset}/evaluate/{run}.log",
+    group:
+        "evaluation"
     resources:
         **job_resources("evaluate"),
     shell:
@@ -69,6 +71,8 @@ if RETRIEVED_RUNS:
             settings={"split": EVAL_SPLIT, "listener": config["listener"]},
         log:
             "logs/{dataset}/retrieval/{run}.log",
+        group:
+            "evaluation"
         resources:
             **job_resources("retrieval"),
         shell:
