@@ -112,8 +112,36 @@ def test_all_claims_builds_every_seed_and_publishes_the_verdicts(tmp_path):
     assert {(r.data.tags["caprl.claims.seed"], r.data.tags["caprl.job"]) for r in tagged} >= {
         ("1", "synthetic/fc-xe/train"), ("2", "synthetic/fc-scst/train"), ("2", "synthetic/fc-scst/evaluate")}
     assert {r.data.tags["caprl.claims.config"] for r in tagged} == {"900_tiny.yaml"}
+    check_claims_report(work, tmp_path / "claims_report.png")
     again = run(["snakemake", "--cores", "2", "all_claims"], work)
     assert "claims_900_seed1_train" not in again.stderr and "all_claims" in again.stderr
+
+
+def check_claims_report(work: Path, png: Path) -> None:
+    """`snakemake --report report.html all_claims`: the paper's forest plot and its rliable aggregate
+    under category Claims, each with its caption; in headless Chromium each figure's view shows it."""
+    from report_check import embedded, report_view
+    from screenshot import chromium_path, non_trivial, screenshot
+
+    run(["snakemake", "--report", "report.html", "all_claims"], work)
+    html = (work / "report.html").read_text(encoding="utf-8")
+    results, categories = embedded(html, "results"), embedded(html, "categories")
+    figures = ["claims/900/verdicts.png", "claims/900/verdicts_aggregate.png"]  # forest plot, rliable aggregate
+    placed = {path for sub in categories.get("Claims", {}).values() for path in sub}
+    assert set(figures) <= placed, (sorted(placed), sorted(categories))
+    assert all(results[path]["caption"].strip() for path in figures)
+    if chromium_path() is None:
+        return
+    for path in figures:
+        page = work / f"report_{Path(path).stem}.html"
+        page.write_text(report_view(html, f"app.setView({{content: 'img', navbarMode: 'resultinfo', resultPath: "
+                                          f"{json.dumps(path)}, contentPath: results[{json.dumps(path)}].data_uri}});"))
+        shot = png.with_name(f"{png.stem}_{Path(path).stem}.png")
+        dom = work / f"{page.stem}.dom.html"
+        screenshot(page, shot, 1600, 1000, 3000, dom=dom)
+        rendered = dom.read_text(encoding="utf-8")
+        assert non_trivial(shot) and '<img src="data:image/png' in rendered, path
+        assert results[path]["data_uri"].split(",", 1)[1][:40] in rendered, f"{path}: another figure shown"
 
 
 def test_plan_counts_the_jobs_the_claims_dag_runs(tmp_path):
