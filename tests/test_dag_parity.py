@@ -187,8 +187,10 @@ def test_runs_that_others_start_from_are_scheduled_first_and_the_longest_among_e
     assert priority["fc-xe"] > priority["topdown-xe"] > 1 > priority["fc_lstm-pg_spider-cider_d"] > priority["fc-scst"] > 0
     # the data rules before every training job (at bd8522f the video set was prepared after the image
     # set's RL runs, its XE start then trained alone)
-    data = re.findall(r"^rule (synthesize|synthesize_video|prepare|vocab|references|cider_df|features|merge_features):"
-                      r"\n(?:    .*\n)*?    priority: ([\d.]+)\n", proc.stdout + proc.stderr, re.M)
+    # (a dry run shows job groups as a cluster would run them: prepare -> vocab indented in group "data")
+    data = [(rule, value) for _, rule, value in re.findall(
+        r"^( *)rule (synthesize|synthesize_video|prepare|vocab|references|cider_df|features|merge_features):"
+        r"\n(?:\1    .*\n)*?\1    priority: ([\d.]+)\n", proc.stdout + proc.stderr, re.M)]
     assert {rule for rule, _ in data} == {"synthesize", "synthesize_video", "prepare", "vocab", "references",
                                           "cider_df", "features", "merge_features"}
     assert min(float(value) for _, value in data) > max(priority.values())

@@ -163,7 +163,9 @@ def across_papers(papers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     columns: dict[str, list[np.ndarray]] = {}
     where: dict[str, set[str]] = {}
     for paper, data in sorted(papers.items()):
-        per_seed = data["per_seed"]
+        per_seed = data.get("per_seed") or {}  # a result stored with its values only: nothing to aggregate
+        if not per_seed or any("runs" not in values for values in per_seed.values()):
+            continue
         seeds = sorted(per_seed, key=int)
         runs = sorted(set.intersection(*(set(per_seed[s]["runs"]) for s in seeds)))
         for run in runs:

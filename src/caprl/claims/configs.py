@@ -176,8 +176,10 @@ def bind(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     return bind_to(config, runs, tables)
 
 
-def bind_to(config: dict[str, Any], runs: dict[str, set[str]], tables: dict[str, set[str]]) -> dict[str, Any]:
-    """:func:`bind` on ``runs`` (dataset -> its evaluated runs) and ``tables`` (dataset -> its tables)."""
+def bind_to(config: dict[str, Any], runs: dict[str, set[str]], tables: dict[str, set[str]],
+            strict: bool = True) -> dict[str, Any]:
+    """:func:`bind` on ``runs`` (dataset -> its evaluated runs) and ``tables`` (dataset -> its tables);
+    ``strict`` False: no error where none binds (a stored result whose values hold no runs)."""
     bound, outside = [], []
     for claim in config["claims"]:
         claim = copy.deepcopy(claim)
@@ -204,7 +206,7 @@ def bind_to(config: dict[str, Any], runs: dict[str, set[str]], tables: dict[str,
             outside.append({"id": claim["id"], "text": claim["text"], "why": "; ".join(dict.fromkeys(why))})
         else:
             bound.append(claim)
-    if not bound:
+    if not bound and strict:
         raise CaprlError(f"claims config {config['paper']}: these params build none of its claims "
                          f"({outside[0]['why']}, ...): leave the paper out of claims.papers")
     return {**config, "claims": bound, "outside": outside}

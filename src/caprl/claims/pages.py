@@ -69,7 +69,7 @@ def test_images(per_seed: dict[Any, dict[str, Any]]) -> str:
     return "?" if not counts else f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}-{counts[-1]:,}"
 
 
-def stored_binding(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+def stored_binding(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]], strict: bool = True) -> dict[str, Any]:
     """:func:`caprl.claims.configs.bind` on what a stored run's seeds hold (its runs' and tables' keys)."""
     runs: dict[str, set[str]] = {}
     tables: dict[str, set[str]] = {}
@@ -80,7 +80,7 @@ def stored_binding(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]]) 
         for key in values.get("tables", {}):
             ds, table = key.split("/", 1)
             tables.setdefault(ds, set()).add(table)
-    return bind_to(config, runs, tables)
+    return bind_to(config, runs, tables, strict)
 
 
 def tables_path(json_path: Path) -> Path:
@@ -163,8 +163,9 @@ def render(config_path: Path, out: Path, min_seeds: int = MIN_SEEDS) -> str:
     config = load_config(config_path, min_seeds)
     stored = io.read_json(out, "a paper's claims results")
     outside = {c["id"] for c in stored.get("outside", [])}
-    config = {**stored_binding(config, stored["per_seed"]), "outside": stored.get("outside", [])}
-    config["claims"] = [c for c in config["claims"] if c["id"] not in outside]
+    bound = {c["id"]: c for c in stored_binding(config, stored["per_seed"], strict=False)["claims"]}
+    config = {**config, "claims": [bound.get(c["id"], c) for c in config["claims"] if c["id"] not in outside],
+              "outside": stored.get("outside", [])}
     if [c["id"] for c in config["claims"]] != [r["id"] for r in stored["results"]]:
         raise CaprlError(f"{config_path}: its claims are not the ones {out} stored: --reread reads them again")
     results = holm([decide(r) for r in stored["results"]])
