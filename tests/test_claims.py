@@ -433,8 +433,8 @@ def test_a_tables_cells_are_averaged_over_the_seeds_with_their_interval():
     assert rows[1] == ["XE", f"102.00 ± {half_xe:.2f} (n=2)", "94.0"]
     captions = ["image,XE\n1,a dog runs\n", "image,XE\n1,a cat sits\n"]
     assert "captions" in seed_tables.over_seeds(captions)
-    md = seed_tables.tables_markdown({1: {"tables": {"ds/t": seeds[0]}, "table_notes": {"ds/t": ["Table 1"]}},
-                                      2: {"tables": {"ds/t": seeds[1]}}}, [1, 2, 3])
+    md = seed_tables.tables_markdown({"1": {"tables": {"ds/t": seeds[0]}, "table_notes": {"ds/t": ["Table 1"]}},
+                                      "2": {"tables": {"ds/t": seeds[1]}}}, [1, 2, 3])  # as a stored json keys them
     assert "## ds/t" in md and "Table 1. Mean ± 95% interval (Student t) over 2 seeds (1, 2)" in md
 
 

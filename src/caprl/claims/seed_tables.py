@@ -70,6 +70,7 @@ def over_seeds(csvs: list[str]) -> list[list[str]] | str:
 def tables_markdown(per_seed: dict[Any, dict[str, Any]], seeds: list[int]) -> str:
     """Every table the seeds built (``tables`` of each seed's values, its title first in
     ``table_notes``), averaged over the seeds, one section each."""
+    per_seed = {int(seed): values for seed, values in per_seed.items()}  # a stored json's keys are strings
     keys = sorted({key for values in per_seed.values() for key in values.get("tables", {})})
     lines = []
     for key in keys:
