@@ -11,6 +11,7 @@
 # it is asked for, so results/claims/ always shows what the DAG holds.
 from caprl.claims import configs as claims_configs
 from caprl.claims.collect import seed_inputs
+from caprl.workflow.plan import build_plan
 
 CLAIMS = config["claims"]
 CLAIMS_CONFIGS = claims_configs.config_paths(Path(CLAIMS["configs"]), CLAIMS["papers"])
@@ -40,8 +41,9 @@ def claims_module(paper, path, seed, claims_config):
     workflow.module(name, snakefile=workflow.main_snakefile, config=seed_config, prefix=workspace)
     workflow.userule(rules=["*"], from_module=name, exclude_rules=["all_tables", "tuning", "caption_folder"],
                      name_modifier=f"{name}_*")(lambda: None)
-    bound = claims_configs.bind(claims_config, params)  # each claim's runs and tables on the dataset that builds them
-    return [f"{workspace}/{path}" for path in seed_inputs(params, bound)]
+    plan = build_plan(params)  # once per seed: every snakemake invocation (and SLURM job) parses every seed
+    bound = claims_configs.bind(claims_config, params, plan)  # each claim's runs and tables on the dataset that builds them
+    return [f"{workspace}/{path}" for path in seed_inputs(params, bound, plan)]
 
 
 for paper, path in CLAIMS_CONFIGS.items():

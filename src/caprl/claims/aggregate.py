@@ -61,10 +61,27 @@ def probability_of_improvement(scores_x: np.ndarray, scores_y: np.ndarray) -> fl
     return float(np.mean(per_task))
 
 
+def interval_estimates(seed: int, *calls: tuple[dict[str, Any], Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """rliable's ``get_interval_estimates`` (REPS stratified-bootstrap replications) for each
+    (scores, func) in turn, from one generator seeded by ``seed``: reproducible. rliable 1.2's
+    StratifiedBootstrap draws its indices from NumPy's global generator, not from the random_state
+    it passes to arch, so that is seeded too (and given back as it was)."""
+    from rliable import library as rly
+
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    state = np.random.RandomState(seed)
+    try:
+        with warnings.catch_warnings():  # arch 7 warns that random_state, which rliable passes, is deprecated
+            warnings.simplefilter("ignore", FutureWarning)
+            return [rly.get_interval_estimates(scores, func, reps=REPS, random_state=state) for scores, func in calls]
+    finally:
+        np.random.set_state(saved)
+
+
 def paper_aggregate(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]], seed: int) -> dict[str, Any]:
     """The paper's rliable aggregate: ``iqm`` (run -> [point, lo, hi]) and ``improvement`` (one per
     claim on runs: a, b, [P(a > b), lo, hi]), or ``skipped`` with the reason."""
-    from rliable import library as rly
     from rliable import metrics
 
     runs = compared_runs(config)
@@ -75,22 +92,10 @@ def paper_aggregate(config: dict[str, Any], per_seed: dict[Any, dict[str, Any]],
     tasks, scores = score_matrices(per_seed, runs)
     if not tasks:
         return {"skipped": "the compared runs share no metric"}
-    state = np.random.RandomState(seed)
     pairs = {f"{c['a']},{c['b']}": (scores[c["a"]], scores[c["b"]])
              for c in config["claims"] if isinstance(c["a"], str) and isinstance(c["b"], str)}
-    # rliable 1.2's StratifiedBootstrap draws its indices from NumPy's global generator, not from the
-    # random_state it passes to arch: seed that too (and give it back as it was)
-    saved = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        with warnings.catch_warnings():  # arch 7 warns that random_state, which rliable passes, is deprecated
-            warnings.simplefilter("ignore", FutureWarning)
-            point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]),
-                                                         reps=REPS, random_state=state)
-            p_point, p_interval = rly.get_interval_estimates(pairs, probability_of_improvement, reps=REPS,
-                                                             random_state=state)
-    finally:
-        np.random.set_state(saved)
+    (point, interval), (p_point, p_interval) = interval_estimates(
+        seed, (scores, lambda x: np.array([metrics.aggregate_iqm(x)])), (pairs, probability_of_improvement))
     return {"tasks": tasks, "seeds": len(per_seed), "reps": REPS,
             "iqm": {run: [float(point[run][0]), float(interval[run][0][0]), float(interval[run][1][0])]
                     for run in runs},
@@ -157,7 +162,6 @@ def across_papers(papers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every method the papers' claims trained (every evaluated run of every seed), over every paper,
     model and metric it ran on: the IQM of its score over its own XE start's (same seed, same metric; a run without its start among the scores
     is left out) with its stratified-bootstrap interval. ``papers``: paper -> its stored json."""
-    from rliable import library as rly
     from rliable import metrics
 
     columns: dict[str, list[np.ndarray]] = {}
@@ -185,15 +189,7 @@ def across_papers(papers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     scores = {label: np.concatenate(cols, axis=1) for label, cols in columns.items() if len(n_seeds[label]) == 1}
     if not scores:
         return {"skipped": "no compared run has its XE start's scores"}
-    saved = np.random.get_state()
-    np.random.seed(0)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]),
-                                                         reps=REPS, random_state=np.random.RandomState(0))
-    finally:
-        np.random.set_state(saved)
+    ((point, interval),) = interval_estimates(0, (scores, lambda x: np.array([metrics.aggregate_iqm(x)])))
     return {"reps": REPS, "methods": {label: {"iqm": [float(point[label][0]), float(interval[label][0][0]),
                                                       float(interval[label][1][0])],
                                               "tasks": int(scores[label].shape[1]), "seeds": int(scores[label].shape[0]),

@@ -26,10 +26,11 @@ from caprl.tables.runs import dataset_runs, gold_retrieval_runs
 from caprl.workflow.plan import HISTORY, RESULTS, RETRIEVAL, SCORES, build_plan
 
 
-def seed_inputs(params: dict[str, Any], config: dict[str, Any]) -> list[str]:
+def seed_inputs(params: dict[str, Any], config: dict[str, Any], plan: Any = None) -> list[str]:
     """The files of one seed the verdicts read, relative to its workspace: every evaluated run's
-    score file (and retrieval results), and what the tables the claims read need."""
-    plan = build_plan(params)
+    score file (and retrieval results), and what the tables the claims read need (``plan``:
+    ``params``' where the caller has it)."""
+    plan = plan or build_plan(params)
     jobs = [job for ds in plan.datasets for job in plan.evaluated(ds)]
     files = [job.result(SCORES) for job in jobs] + [job.result(RETRIEVAL) for job in jobs if job.retrieval]
     for ds in sorted({ds for ds, _ in seed_table_names(plan, config)}):

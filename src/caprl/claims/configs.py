@@ -165,12 +165,13 @@ def recipe_params(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     return params
 
 
-def bind(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def bind(config: dict[str, Any], params: dict[str, Any], plan: Any = None) -> dict[str, Any]:
     """The config with each claim bound to what ``params`` (a seed's, resolved or not) build: a run
     side ``<run>`` becomes ``<dataset>/<run>`` (the one dataset that evaluates it), a table side
     gets the one dataset whose tables list it. A claim with a side nothing builds moves to
-    ``outside`` (id, text, why): under a recipe, the claims of runs it does not train."""
-    plan = build_plan(params)
+    ``outside`` (id, text, why): under a recipe, the claims of runs it does not train. ``plan``:
+    ``params``' plan where the caller has it (the DAG parses every seed's: one plan each)."""
+    plan = plan or build_plan(params)
     runs = {ds: {job.run for job in plan.evaluated(ds)} for ds in plan.datasets}
     tables = {ds: set(plan.tables(ds)) for ds in plan.datasets}
     return bind_to(config, runs, tables)

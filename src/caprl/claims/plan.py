@@ -65,10 +65,11 @@ def claims_costs(base: dict[str, Any], device: str, costs: dict[str, Any], seeds
         try:
             params = params_mod.resolve(claims_configs.seed_params(base, config, config["seeds"][0]))
             params_mod.check(params)
-            config = claims_configs.bind(config, params)
+            plan = build_plan(params)
+            config = claims_configs.bind(config, params, plan)
         except CaprlError as exc:
             raise CaprlError(f"{path}: {exc}") from exc
-        tables = seed_table_names(build_plan(params), config)  # built in-process from the baseline's scores too
+        tables = seed_table_names(plan, config)  # built in-process from the baseline's scores too
         skip = CLAIMS_SKIP | (set() if tables else {"baseline", "gold_retrieval"})
         rows = [r for r in estimate(params, device, costs).rows if r.rule not in skip]
         # a real dataset's data: made once for every seed, each of its files hard-linked into each seed
