@@ -104,7 +104,8 @@ def test_objective_modules_train_alone_and_select_the_best_epoch(dataset: Datase
 
 def test_every_method_declares_the_modules_it_builds() -> None:
     """``Objective.holds`` (what the plan and the stages check init roles and decoders against,
-    :mod:`caprl.objectives.run_checks`) is exactly what each registered method's objective checkpoints."""
+    :mod:`caprl.objectives.run_checks`) and ``keeps`` (frozen modules of its own, never an init) are
+    exactly what each registered method's objective checkpoints."""
     from caprl.models import build_model
     from caprl.objectives import ObjectiveEnv, build_objective
     from caprl.retrieval import ListenerConfig
@@ -118,5 +119,6 @@ def test_every_method_declares_the_modules_it_builds() -> None:
     built = {name: build_objective(name, dict(params["objectives"].get(name, {})), env, model, where=name)
              for name in OBJECTIVES if name != NAME}
     assert {name: sorted(o.modules_to_save()) for name, o in built.items()} == \
-        {name: sorted(type(o).holds) for name, o in built.items()}
+        {name: sorted(type(o).holds + o.keeps) for name, o in built.items()}
+    assert {name for name, o in built.items() if o.keeps} == {"grpo", "dico", "ppo_kl"}  # a reference policy
     assert {name for name, o in built.items() if "value" in type(o).holds} == {"actor_critic", "value"}

@@ -58,8 +58,10 @@ def test_main_table_has_vocabulary_and_novel_columns_after_the_existing_ones(mon
     monkeypatch.setattr(build, "reward_unavailable_reason", lambda name, p: "no SPICE" if name == "spider" else None)
     vocab = {"vocab_size": 412, "novel_sentences": 0.3125, "captions": 16, "novel_captions": 5,
              "training_captions": 80}
+    failure = {"bad_endings": 0.125, "repeated_bigrams": 0.04, "mean_length": 9.25, "captions": 16,
+               "bad_ending_captions": 2}  # an XE run: no start, no KL (—)
     scores = {"fc-xe": {"run": "fc-xe", "metrics": METRICS, "greedy": {"metrics": {"CIDEr-D": 0.9}},
-                        "vocabulary": vocab},
+                        "vocabulary": vocab, "failure_modes": failure},
               "fc-scst": {"run": "fc-scst", "metrics": METRICS, "vocabulary": {**vocab, "vocab_size": 57,
                                                                                 "novel_sentences": 0.0},
                           "warnings": [{"message": "every caption is empty"}]},
@@ -67,21 +69,24 @@ def test_main_table_has_vocabulary_and_novel_columns_after_the_existing_ones(mon
               "most-frequent": {"run": "most-frequent", "metrics": METRICS,
                                 "vocabulary": {**vocab, "vocab_size": 9, "novel_sentences": 0.0}}}
     table = main_table(table_params(), "synthetic", scores)
-    assert table.columns == ["B@1", "B@2", "B@3", "B@4", "M", "R", "C", "S", "C greedy", "Vocab", "Novel %"]
+    assert table.columns == ["B@1", "B@2", "B@3", "B@4", "M", "R", "C", "S", "C greedy", "Vocab", "Novel %",
+                             "Bad end %", "Rep-2 %", "Len", "KL start"]
     cells = {label: [c.text() for c in row] for label, row in table.rows}
     existing = ["50.0", "40.0", "30.0", "20.0", "25.0", "45.0", "110.0", "—"]
-    assert cells["fc (XE) [fc-xe]"] == existing + ["90.0", "412", "31.2"]
-    assert cells["fc (SCST) [fc-scst]"] == existing + ["—", "57", "0.0"]
-    assert cells["fc (SCST) [fc-old]"] == existing + ["—", "not evaluated", "not evaluated"]
-    assert cells["fc (SCST) [fc-missing]"] == ["—"] * 11
-    assert cells["fc (PG-SPIDEr) [fc-spider]"] == ["unavailable"] * 11
-    assert cells["most frequent training caption"] == existing + ["110.0", "9", "0.0"]
+    old = ["not evaluated"] * 4  # score files written before the failure_modes section
+    assert cells["fc (XE) [fc-xe]"] == existing + ["90.0", "412", "31.2", "12.5", "4.0", "9.2", "—"]
+    assert cells["fc (SCST) [fc-scst]"] == existing + ["—", "57", "0.0"] + old
+    assert cells["fc (SCST) [fc-old]"] == existing + ["—", "not evaluated", "not evaluated"] + old
+    assert cells["fc (SCST) [fc-missing]"] == ["—"] * 15
+    assert cells["fc (PG-SPIDEr) [fc-spider]"] == ["unavailable"] * 15
+    assert cells["most frequent training caption"] == existing + ["110.0", "9", "0.0"] + old
     scst = dict(table.rows)["fc (SCST) [fc-scst]"]
-    assert all(c.flags for c in scst[:7] + scst[-2:])  # the degenerate run's new cells are flagged as its others
+    assert all(c.flags for c in scst[:7] + scst[-6:-4])  # the degenerate run's new cells are flagged as its others
     assert any(n.startswith("Vocab: distinct words") for n in table.notes)
+    assert any("Rep-2 % = seq-rep-2" in n for n in table.notes)
     md = table.markdown()
-    assert "| Approach | B@1 | B@2 | B@3 | B@4 | M | R | C | S | C greedy | Vocab | Novel % |" in md
-    assert "| fc (XE) [fc-xe] | 50.0 | 40.0 | 30.0 | 20.0 | 25.0 | 45.0 | 110.0 | — | 90.0 | 412 | 31.2 |" in md
+    assert "| C greedy | Vocab | Novel % | Bad end % | Rep-2 % | Len | KL start |" in md
+    assert "| fc (XE) [fc-xe] | 50.0 | 40.0 | 30.0 | 20.0 | 25.0 | 45.0 | 110.0 | — | 90.0 | 412 | 31.2 | 12.5 |" in md
 
 
 def test_sle_table4_self_cider_column_and_older_sections(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,7 +111,7 @@ def test_sle_table4_self_cider_column_and_older_sections(monkeypatch: pytest.Mon
     assert any("Self-CIDEr (Wang & Chan, CVPR 2019" in n for n in table.notes)
 
 
-def test_evaluate_and_baseline_write_the_vocabulary_section(research_dataset: Any) -> None:
+def test_evaluate_and_baseline_write_the_vocabulary_and_failure_sections(research_dataset: Any) -> None:
     """The real stages on the TINY synthetic set: an fc-xe model that says 'a' at every step (a caption
     no training caption is) and the most-frequent training caption (a training caption)."""
     from stage_inputs import caprl, degenerate_checkpoint
@@ -119,7 +124,7 @@ def test_evaluate_and_baseline_write_the_vocabulary_section(research_dataset: An
                  "--annotations", dataset.annotations, "--vocab", dataset.vocab, "--labels", dataset.labels,
                  "--features", dataset.features, *common, "--out-captions", out / "xe" / "captions.json",
                  "--out-scores", out / "xe" / "scores.json", "--out-examples", out / "xe" / "examples.json",
-                 cwd=dataset.workdir)
+                 "--start", ckpt, cwd=dataset.workdir)  # its own start: KL 0
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = caprl("baseline", dataset.params, "--dataset", "synthetic", "--annotations", dataset.annotations, *common,
                  "--out-captions", out / "base" / "captions.json", "--out-scores", out / "base" / "scores.json",
@@ -133,6 +138,11 @@ def test_evaluate_and_baseline_write_the_vocabulary_section(research_dataset: An
                                 "novel_captions": len(captions), "training_captions": len(train)}
     assert most["vocabulary"]["vocab_size"] == len(most["caption"].split())
     assert most["vocabulary"]["novel_sentences"] == 0.0 and most["caption"] in train
+    words = len(next(iter(captions.values())).split())  # 'a a ... a': ends on 'a', every pair a repeat but one
+    assert xe["failure_modes"] == {"bad_endings": 1.0, "repeated_bigrams": pytest.approx(1 - 1 / (words - 1)),
+                                   "mean_length": words, "captions": len(captions),
+                                   "bad_ending_captions": len(captions), "kl_to_start": 0.0, "start_run": "fc-xe"}
+    assert most["failure_modes"]["mean_length"] == len(most["caption"].split())
     diversity = xe["diversity"]  # xe is a diversity method: Self-CIDEr of sets of one repeated caption
     assert diversity["rs"]["Self-CIDEr"] == pytest.approx(0.0, abs=1e-6)
     assert 0.0 <= diversity["bs"]["Self-CIDEr"] <= 1.0

@@ -162,6 +162,17 @@ def init_args(wildcards):
     return " ".join(f"--init {role}={here(path)}" for role, path in train_job(wildcards).init.items())
 
 
+def evaluate_start(wildcards):
+    """The checkpoint the run started from (its init.model), whose KL the evaluation measures; none for XE."""
+    start = train_job(wildcards).start
+    return [start] if start else []
+
+
+def evaluate_start_args(wildcards):
+    start = train_job(wildcards).start
+    return f"--start {here(start)}" if start else ""
+
+
 def run_settings(wildcards):
     """The params a run depends on (the plan's TrainJob.settings, the keys DVC's stage lists too):
     a change re-runs it (Snakemake's params trigger)."""

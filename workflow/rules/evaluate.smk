@@ -10,6 +10,7 @@ rule evaluate:
         labels=wp.LABELS,
         features=features_file,
         embedding=evaluate_embedding_files,
+        start=evaluate_start,
     output:
         captions=wp.CAPTIONS,
         scores=wp.SCORES,
@@ -17,6 +18,7 @@ rule evaluate:
     params:
         settings=evaluate_settings,
         embedding=evaluate_embedding_args,
+        start=evaluate_start_args,
     log:
         "logs/{dataset}/evaluate/{run}.log",
     group:
@@ -27,7 +29,7 @@ rule evaluate:
         "caprl evaluate --params " + PARAMS + " --log {log} --dataset {wildcards.dataset} --run {wildcards.run}"
         " --checkpoint {input.checkpoint} --annotations {input.annotations} --vocab {input.vocab} --labels {input.labels}"
         " --features {input.features} --refs {input.refs} --out-captions {output.captions} --out-scores {output.scores}"
-        " --out-examples {output.examples} {params.embedding}"
+        " --out-examples {output.examples} {params.embedding} {params.start}"
 
 
 rule baseline:

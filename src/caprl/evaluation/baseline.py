@@ -11,6 +11,7 @@ from collections import Counter
 from caprl import params as params_mod
 from caprl.data.annotations import load_annotations
 from caprl.evaluation.report import score_and_record
+from caprl.evaluation.failure_modes import SECTION as FAILURE_MODES, failure_modes
 from caprl.evaluation.vocabulary import caption_stats, training_captions
 from caprl.metrics.score_cli import load_references
 
@@ -39,4 +40,5 @@ def main(args: argparse.Namespace) -> None:
             "objective": "none", "caption": caption}
     captions = {i: caption for i in refs}
     score_and_record(params, "most-frequent", info, captions, refs, args.out_captions, args.out_scores,
-                     args.out_examples, extra={"vocabulary": caption_stats(captions, training_captions(annotations))})
+                     args.out_examples, extra={"vocabulary": caption_stats(captions, training_captions(annotations)),
+                                               FAILURE_MODES: failure_modes(captions)})

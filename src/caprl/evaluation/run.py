@@ -14,6 +14,10 @@ Table 1).
 The score file's ``vocabulary`` (every run): the distinct words of the evaluated captions and
 the share of them that is no training caption (:mod:`caprl.evaluation.vocabulary`).
 
+The score file's ``failure_modes`` (every run): the reward-hacking signs of the evaluated captions,
+bad endings, repeated bigrams, length (:mod:`caprl.evaluation.failure_modes`) and, given ``--start``
+(the run's init.model), the KL of the policy to its start (:mod:`caprl.evaluation.start_kl`).
+
 The score file's ``clip_score`` (``evaluate.clip_score``, per dataset): CLIP-S and RefCLIP-S of the
 evaluated captions in the dataset's embedding (:mod:`caprl.evaluation.clip_score`).
 
@@ -56,6 +60,8 @@ from caprl.evaluation.diversity import TABLE4_PRECISION, official_cider_d, set_s
 from caprl.evaluation.report import score_and_record
 from caprl.evaluation.settings import EvalSettings
 from caprl.evaluation.vocabulary import caption_stats, training_captions
+from caprl.evaluation.failure_modes import SECTION as FAILURE_MODES, failure_modes
+from caprl.evaluation.start_kl import kl_to_start, start_section
 from caprl.metrics.official import ptb_tokenize, shared_scorer
 from caprl.metrics.score_cli import load_references
 from caprl.models import CaptionModel
@@ -76,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-captions", required=True, help="output: COCO results format")
     parser.add_argument("--out-scores", required=True, help="output: official metrics (JSON)")
     add_embedding_arguments(parser)  # CLIP-S's embedding (evaluate.clip_score): the workflow passes its input
+    parser.add_argument("--start", default=None, help="the checkpoint the run started from (its init.model): "
+                        "the KL to it goes in the failure_modes section (caprl.evaluation.start_kl)")
 
 
 def decoded_sets(model: CaptionModel, data: CaptionData, image_ids: list[int], method: str,
@@ -204,7 +212,13 @@ def main(args: argparse.Namespace) -> None:
                             "made_from": ckpt.made_from}  # what its model learnt from (caprl.io.provenance)
     extra: dict[str, Any] = {validation.SECTION: val,  # the checkpoint's own epoch: its point on validation
                              "warnings": degenerate.check(captions, args.run, split),  # collapsed outputs
-                             "vocabulary": caption_stats(captions, training_captions(data.annotations))}
+                             "vocabulary": caption_stats(captions, training_captions(data.annotations)),
+                             FAILURE_MODES: failure_modes(captions)}  # bad endings, repeats, length
+    if args.start:
+        start = checkpoint.load(args.start, vocab_sha256=data.vocab.sha256)
+        start_model = checkpoint.model_from_checkpoint(start).to(default_device())
+        extra[FAILURE_MODES].update(kl_to_start=kl_to_start(model, start_model, data, captions, batch_size, args.start),
+                                    **start_section(start, args.start))
     if sets is not None:
         extra["diversity"] = diversity_report(model, data, ids, references, settings, sets)
     if greedy is not None:

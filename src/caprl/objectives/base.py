@@ -194,6 +194,9 @@ class Objective(nn.Module):
     #: roles of the objective's own modules (:meth:`modules_to_save`), besides the caption model:
     #: what a run of the method can start from another run (``init``) and what its checkpoint holds
     holds: tuple[str, ...] = ()
+    #: roles of the frozen modules the objective makes itself from the start (a KL anchor's reference
+    #: policy, :mod:`caprl.objectives.policy`): checkpointed and resumed with the rest, never an init role
+    keeps: tuple[str, ...] = ()
     #: validation metric that picks the best epoch (a key of the validator's output)
     select: str = "CIDEr-D"
     #: True if the method trains or holds a listener (role ``listener``): its runs get a retrieval evaluation
@@ -213,6 +216,11 @@ class Objective(nn.Module):
         super().__init__()
         self.options = options
         self.env = env
+
+    def begin(self, model: CaptionModel) -> None:
+        """Called once ``model`` holds its starting weights (its ``init``, loaded), before a resume
+        restores a saved state: an objective that keeps a frozen copy of the start (a KL anchor's
+        reference policy, :mod:`caprl.objectives.policy`) takes it here. Nothing by default."""
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError

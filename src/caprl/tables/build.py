@@ -84,20 +84,27 @@ def greedy_cell(scores: dict[str, Any] | None) -> Cell:
     return Cell(None if value is None else 100.0 * value, flags=degenerate_flags(scores))
 
 
-#: The main table's columns from a score file's ``vocabulary`` section (``caprl evaluate``,
-#: :mod:`caprl.evaluation.vocabulary`): column, key, scale, decimals.
+#: The main table's columns from a score file's sections (``caprl evaluate``): per section
+#: (:mod:`caprl.evaluation.vocabulary`, :mod:`caprl.evaluation.failure_modes`), column, key, scale, decimals.
 VOCABULARY_COLUMNS = [("Vocab", "vocab_size", 1.0, 0), ("Novel %", "novel_sentences", 100.0, 1)]
+FAILURE_COLUMNS = [("Bad end %", "bad_endings", 100.0, 1), ("Rep-2 %", "repeated_bigrams", 100.0, 1),
+                   ("Len", "mean_length", 1.0, 1), ("KL start", "kl_to_start", 1.0, 2)]
+SECTION_COLUMNS = {"vocabulary": VOCABULARY_COLUMNS, "failure_modes": FAILURE_COLUMNS}
+NO_VALUE_OK = {"kl_to_start"}  # a run without init.model (XE, the baseline) has no start to compare with
 NOT_EVALUATED = "not evaluated"  # a score file written before the section existed
 
 
-def vocabulary_cells(scores: dict[str, Any] | None) -> list[Cell]:
-    """The run's vocabulary size and novel captions in %, flagged as its row; — for a missing run,
-    "not evaluated" for a score file without the ``vocabulary`` section (never a number)."""
-    section = None if scores is None else scores.get("vocabulary") or {}
+def vocabulary_cells(scores: dict[str, Any] | None, name: str = "vocabulary") -> list[Cell]:
+    """The run's cells of section ``name`` of :data:`SECTION_COLUMNS` (vocabulary: its size and novel
+    captions in %; failure_modes: bad endings and repeated bigrams in %, words per caption), flagged
+    as its row; — for a missing run, "not evaluated" for a score file without the section (never a number)."""
+    section = None if scores is None else scores.get(name) or {}
     flags = degenerate_flags(scores)
     cells = []
-    for _, key, scale, decimals in VOCABULARY_COLUMNS:
+    for _, key, scale, decimals in SECTION_COLUMNS[name]:
         if section is None:
+            cells.append(Cell(None, decimals=decimals))
+        elif key not in section and section and key in NO_VALUE_OK:  # written, with nothing to measure: —
             cells.append(Cell(None, decimals=decimals))
         elif key not in section:
             cells.append(Cell(None, missing=NOT_EVALUATED, decimals=decimals))
@@ -150,7 +157,7 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     greedy = settings.greedy
     clip = clip_score.table_columns(params, dataset, scores)  # CLIP-S, RefCLIP-S ("(listener)": not CLIP's)
     table = Table("main", title(settings, dataset, "every run"), [short for short, _ in METRICS] + ["C greedy"] * greedy
-                  + [column for column, *_ in VOCABULARY_COLUMNS]
+                  + [column for column, *_ in VOCABULARY_COLUMNS + FAILURE_COLUMNS]
                   + clip)
     views = dataset_runs(params, dataset)
     not_trained: list[str] = []
@@ -158,6 +165,7 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     for view in sorted(views, key=lambda v: settings.model_rank(v.model)):  # stable: params order in a model
         cells, reason = metric_cells(scores.get(view.name)), not_trained_reason(params, view, scores)
         cells += [greedy_cell(scores.get(view.name))] * greedy + vocabulary_cells(scores.get(view.name))
+        cells += vocabulary_cells(scores.get(view.name), "failure_modes")
         cells += [Cell(v, flags=degenerate_flags(scores.get(view.name)))
                   for v in clip_score.table_values(params, dataset, scores.get(view.name), clip)]
         if reason is not None:
@@ -171,6 +179,7 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     baseline = metric_cells(scores.get(BASELINE_RUN))
     table.rows.append(("most frequent training caption", baseline + [baseline[CIDER]] * greedy  # one caption: any decoder
                        + vocabulary_cells(scores.get(BASELINE_RUN))
+                       + vocabulary_cells(scores.get(BASELINE_RUN), "failure_modes")
                        + [Cell(None) for _ in clip]))  # not scored by CLIP-S
     table.notes = ["Scores in %, official coco-caption implementations (pycocoevalcap); — = missing."]
     if greedy:
@@ -180,6 +189,11 @@ def main_table(params: dict[str, Any], dataset: str, scores: Scores) -> Table:
     table.notes.append(f"Vocab: distinct words of the run's test captions; Novel %: the share of them that is no "
                        f"training caption word for word (self-critical.pytorch's vocab_size and novel_sentences); "
                        f"{NOT_EVALUATED} = a score file written before they were.")
+    table.notes.append("Reward hacking (caprl.evaluation.failure_modes): Bad end % = captions ending on one of "
+                       "self-critical.pytorch's bad endings ('a', 'with', 'of', ...); Rep-2 % = seq-rep-2 (Welleck et "
+                       "al. 2020: a caption's repeated word pairs over its pairs, averaged); Len = words per caption; KL start "
+                       "= the summed per-step KL of the run's policy to its init.model's on its own test captions "
+                       "(nats per caption, caprl.evaluation.start_kl; — for a run with no start).")
     table.notes += clip_score.table_note(params, dataset, clip)
     table.notes += published_notes(params, dataset, compared)
     table.notes += unavailable_notes(scores) + not_trained + kept_start_notes(views, scores)

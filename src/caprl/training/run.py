@@ -219,6 +219,7 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
         provenance.check_model_inputs(path, checkpoint.load(path).made_from, data.paths.features, data.features.attrs,
                                       data.paths.annotations, data.annotations)
     load_inits({checkpoint.MODEL: model, **objective.modules_to_save()}, inits, spec.init, run, data.vocab.sha256)
+    objective.begin(model)  # a reference policy copies the start; a resume below overwrites it with the saved one
     loop = settings.loop(objective.options.epochs)
     record = run_record(spec, dataset, run)
     val_decode = settings.validation_decode()

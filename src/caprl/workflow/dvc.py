@@ -117,9 +117,9 @@ def evaluate_stage(job: TrainJob, ds: Dataset, split: str, plan: Plan) -> Stage:
         "cmd": caprl("evaluate", ds.log(f"evaluate/{job.run}.log"), "--dataset", ds.name, "--run", job.run,
                      "--checkpoint", job.checkpoint, *data_args(ds), "--refs", ds.refs(split),
                      "--out-captions", captions, "--out-scores", scores, "--out-examples", examples,
-                     embedding_args(embedding)),
+                     embedding_args(embedding), *(["--start", job.start] if job.start else [])),
         "deps": ["src/caprl/evaluation", job.checkpoint, ds.refs(split), ds.annotations, ds.vocab, ds.labels,
-                 ds.features, *embedding.values()],
+                 ds.features, *embedding.values(), *([job.start] if job.start else [])],
         "params": [*keys, f"runs.{job.spec.source}"], "outs": [captions, examples],
         "metrics": [scores]}
 

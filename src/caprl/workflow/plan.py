@@ -73,6 +73,12 @@ class TrainJob:
         """Role -> checkpoint it starts from (``runs/<dataset>/<run>/best.pt``)."""
         return {role: CHECKPOINT.format(dataset=self.dataset, run=source) for role, source in self.spec.init.items()}
 
+    @property
+    def start(self) -> str | None:
+        """The caption model's starting checkpoint (``init.model``; None from scratch): the
+        evaluation measures the KL of the trained policy to it (:mod:`caprl.evaluation.start_kl`)."""
+        return self.init.get("model")
+
     def init_args(self) -> str:
         """``--init ROLE=PATH ...`` as the train command takes them ("" for none)."""
         return " ".join(f"--init {role}={path}" for role, path in self.init.items())

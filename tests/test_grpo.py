@@ -1,0 +1,191 @@
+"""GRPO (caprl.objectives.grpo): the group advantage, the clipped ratio, the k3 KL and TRL's three
+aggregations against hand computations; with one pass, no KL, no scaling and a token mean its
+gradient is NSC's times (G - 1) / G on the same samples; re-scoring reproduces the sampling's
+log-probabilities; later passes update on the same captions; the reference is the start, frozen,
+checkpointed and restored."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from caprl import decoding
+from caprl.errors import CaprlError
+from caprl.models import build_model
+from caprl.objectives import build_objective
+from caprl.objectives.grpo import group_advantages
+from caprl.objectives.policy import Rollout, caption_logprobs, k3
+from numerics import assert_float64_close, to_float64
+from test_objectives import setup
+from toy import CONSTANT_LR, WORDS, count_red, ending_model, fit, same, snapshot, toy_trainer
+
+GRPO = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "count_red", "scale_rewards": "group",
+        "loss_type": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "num_iterations": 1, "beta": 0.0}
+NSC = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "count_red", "temperature": 1.0,
+       "entropy": 0.0, "baseline": "nsc"}
+
+
+def grads(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad()
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.numerics
+def test_one_pass_without_kl_or_scaling_is_nsc_times_g_minus_one_over_g() -> None:
+    """NSC's advantage r_i - mean of the others = G / (G - 1) (r_i - group mean): GRPO's with
+    scale none, beta 0, one pass and bnpo's token mean (SCST's) is (G - 1) / G of NSC's gradient."""
+    model, batch, env = setup(n_images=6)
+    model, batch = to_float64(model, batch)
+    g = GRPO["n_samples"]
+    grpo = build_objective("grpo", {**GRPO, "scale_rewards": "none", "loss_type": "bnpo"}, env, model)
+    nsc = build_objective("scst", NSC, env, model)
+    torch.manual_seed(5)
+    loss_grpo, stats = grpo.loss(model, batch)
+    torch.manual_seed(5)
+    loss_nsc, _ = nsc.loss(model, batch)
+    assert stats["reward_sample"] > 0  # the toy reward varies within the groups: a real comparison
+    ours, theirs = grads(model, loss_grpo), grads(model, loss_nsc)
+    assert len(ours) == len(theirs) and any(bool(t.abs().max() > 1e-3) for t in theirs)
+    for a, b in zip(ours, theirs):
+        assert_float64_close(a, b * (g - 1) / g)
+
+
+def test_group_advantage_scales_as_trl() -> None:
+    rewards = torch.tensor([1.0, 2.0, 3.0, 6.0, 0.0, 0.0, 0.0, 4.0])  # two images, four captions each
+    centred = torch.tensor([-2.0, -1.0, 0.0, 3.0, -1.0, -1.0, -1.0, 3.0])
+    assert torch.equal(group_advantages(rewards, 4, "none"), centred)
+    std = torch.tensor([torch.tensor([1.0, 2, 3, 6]).std(), torch.tensor([0.0, 0, 0, 4]).std()])
+    assert torch.allclose(group_advantages(rewards, 4, "group"), centred / (std.repeat_interleave(4) + 1e-4))
+    assert torch.allclose(group_advantages(rewards, 4, "batch"), centred / (rewards.std() + 1e-4))
+    assert torch.equal(group_advantages(torch.full((4,), 0.5), 4, "group"), torch.zeros(4))  # all equal: no signal
+
+
+def test_k3_is_the_hand_formula_and_never_negative() -> None:
+    lp, ref = torch.tensor([-1.0, -0.5, -2.0]), torch.tensor([-1.0, -1.5, -0.1])
+    expected = torch.tensor([0.0, torch.exp(torch.tensor(-1.0)) + 1 - 1, torch.exp(torch.tensor(1.9)) - 1.9 - 1])
+    assert torch.allclose(k3(lp, ref), expected)
+    assert (k3(torch.randn(100), torch.randn(100)) >= 0).all()
+
+
+def hand_pass(model, env, loss_type: str, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The objective's pass loss on a made-up rollout, and the same loss written out by hand."""
+    objective = build_objective("grpo", {**GRPO, "loss_type": loss_type, "beta": beta}, env, model)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    old = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -1.0, 0.0, 0.0]])
+    new = old + torch.tensor([[0.5, -0.5, 0.01, 0.0], [0.1, 0.3, 0.0, 0.0]])  # ratios e^.5, e^-.5, ~1; e^.1, e^.3
+    adv = torch.tensor([1.5, -2.0])
+    ref = torch.tensor([[-1.2, -1.0, -0.4, 0.0], [-0.5, -0.9, 0.0, 0.0]])
+    rollout = Rollout(None, None, old, mask, {"advantages": adv, "ref_logprobs": ref, "reward_sample": 0.0})
+    loss, _ = objective.pass_loss(model, rollout, new, first=False)
+    per_token = torch.zeros_like(mask)
+    for i in range(2):
+        for t in range(4):
+            r = float(torch.exp(new[i, t] - old[i, t]))
+            clipped = min(max(r, 0.8), 1.2)
+            value = -min(r * float(adv[i]), clipped * float(adv[i]))
+            d = float(ref[i, t] - new[i, t])
+            per_token[i, t] = value + beta * (torch.exp(torch.tensor(d)) - d - 1)
+    per_token = per_token * mask
+    expected = {"grpo": (per_token.sum(1) / mask.sum(1)).mean(), "bnpo": per_token.sum() / mask.sum(),
+                "dr_grpo": per_token.sum() / (2 * env.max_length)}[loss_type]
+    return loss, expected
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_the_clipped_loss_and_its_aggregation_match_a_hand_computation(loss_type: str, beta: float) -> None:
+    model, _, env = setup()
+    loss, expected = hand_pass(model, env, loss_type, beta)
+    assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7), (loss, expected)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("arch", ["fc", "topdown", "transformer"])
+def test_rescoring_the_samples_gives_the_sampling_log_probabilities(arch: str) -> None:
+    """A later pass's ratio is 1 until the policy moves: teacher-forcing the sampled captions
+    reproduces the log-probabilities the sampling drew them with (every length, end token included)."""
+    model = ending_model(arch) if arch != "transformer" else build_model(
+        "transformer", {"num_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0, "feat_dropout": 0.0,
+                        "max_positions": 9}, 12, 8, 4)
+    model = to_float64(model).eval()
+    torch.manual_seed(3)
+    pooled, regions = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 4, 8, dtype=torch.float64)
+    batch = dataclasses.make_dataclass("B", ["pooled", "regions", "image_ids"])(pooled, regions, [0, 1, 2])
+    with torch.no_grad():
+        samples = decoding.sample(model, model.encode(pooled, regions), 8, n=4)
+        again = caption_logprobs(model, batch, samples.last_stage(), 4)
+    mask = samples.mask[:, -1]
+    assert 0 < mask.sum() < mask.numel()  # captions end at different steps
+    assert_float64_close(again * mask, samples.logprobs[:, -1] * mask)
+
+
+def test_a_multi_stage_model_is_refused() -> None:
+    model = build_model("stackcap", {"embed_size": 8, "hidden_size": 8, "att_hidden_size": 8, "dropout": 0.0,
+                                     "n_fine": 1}, len(WORDS), 5, 3)
+    _, _, env = setup()
+    with pytest.raises(CaprlError, match="2 stages"):
+        build_objective("grpo", GRPO, env, model)
+
+
+@pytest.mark.parametrize("key, value", [("n_samples", 1), ("epsilon", 1.5), ("num_iterations", 0), ("beta", -1.0),
+                                        ("loss_type", "dapo"), ("scale_rewards", "std")])
+def test_bad_options_are_refused_naming_the_key(key: str, value: object) -> None:
+    model, _, env = setup()
+    with pytest.raises(CaprlError, match=key):
+        build_objective("grpo", {**GRPO, key: value}, env, model, where="runs.x")
+
+
+def test_two_passes_update_twice_on_one_batch_and_the_reference_stays_the_start(tmp_path: Path) -> None:
+    """num_iterations 2: two optimiser steps per batch (the trainer's turns pass1, pass2), the
+    second on the same captions; the reference (begin: the start) never moves, is in the checkpoint
+    and comes back on resume."""
+    torch.manual_seed(0)
+    model = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.1}, len(WORDS), 5, 3)
+    env = setup()[2]
+    objective = build_objective("grpo", {**GRPO, "num_iterations": 2, "beta": 0.1, "lr": 1e-2}, env, model)
+    assert objective.turns == ("pass1", "pass2")
+    objective.begin(model)
+    start = snapshot(model)
+    assert same(objective.reference, start) and not any(p.requires_grad for p in objective.reference.parameters())
+    sampled = []
+    real = objective.rollout
+    objective.rollout = lambda m, b: sampled.append(b) or real(m, b)  # type: ignore[method-assign]
+    trainer = toy_trainer(objective, model, tmp_path, epochs=1, init={"model": "xe"})
+    fit(trainer)
+    assert len(sampled) == 2  # 16 train images, 8 a batch: one sampling per batch
+    history = trainer.pos.history[-1]
+    assert len(history["step_losses"]) == 2
+    assert not same(model, start) and same(objective.reference, start)
+    saved = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert "reference" in saved["modules"]
+    fresh = build_model("fc", {"embed_size": 8, "hidden_size": 16, "dropout": 0.1}, len(WORDS), 5, 3)
+    other = build_objective("grpo", {**GRPO, "num_iterations": 2, "beta": 0.1}, env, fresh)
+    other.begin(fresh)  # a fresh start's reference, overwritten by the resume
+    assert not same(other.reference, start)
+    assert toy_trainer(other, fresh, tmp_path, epochs=1).resume() and same(other.reference, start)
+
+
+def test_without_kl_there_is_no_reference() -> None:
+    model, _, env = setup()
+    assert "reference" not in build_objective("grpo", GRPO, env, model).modules_to_save()
+
+
+def test_grpo_learns_the_toy_reward() -> None:
+    model, batch, env = setup()
+    env = dataclasses.replace(env, reward=lambda name: count_red)
+    objective = build_objective("grpo", {**GRPO, "lr": 1e-2, "beta": 0.04}, env, model)
+    objective.begin(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    rewards = []
+    for _ in range(60):
+        loss, stats = objective.loss(model, batch)
+        rewards.append(stats["reward_sample"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.5
