@@ -49,7 +49,10 @@ DEFAULT_CONFIGS = ("xe-fc", "xe-topdown", "scst-fc", "scst-topdown", "sll_sle-fc
 #: CPU-sized setting the SCP side shares (gpu_compare.py passes these to scp_transformer_step.py)
 TRANSFORMER_SIZES = {"transformer": {"num_layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048},
                      "transformer_small": {"num_layers": 2, "d_model": 256, "heads": 8, "d_ff": 1024}}
-CONFIGS = DEFAULT_CONFIGS + tuple(f"{m}-{t}" for m in ("xe", "scst") for t in TRANSFORMER_SIZES)
+#: issue 57's objectives beside SCST (and NSC: scst with baseline nsc), on every one-stage model
+POLICY_METHODS = ("nsc", "grpo", "ppo_kl", "dico")
+CONFIGS = (DEFAULT_CONFIGS + tuple(f"{m}-{t}" for m in ("xe", "scst") for t in TRANSFORMER_SIZES)
+           + tuple(f"{m}-{a}" for m in POLICY_METHODS for a in ("fc", "topdown", *TRANSFORMER_SIZES)))
 CONSTANT_LR = {"lr_decay_every": 0, "lr_decay_rate": 1.0}
 OPTIONS = {
     "xe": {"lr": 5e-4, "epochs": 1, **CONSTANT_LR},
@@ -57,7 +60,17 @@ OPTIONS = {
              "entropy": 0.0},
     "sll_sle": {"lr": 5e-5, "epochs": 1, **CONSTANT_LR, "n_samples": 5, "reward": "cider_d", "temperature": 1.0,
                 "alpha": 0.75, "diversity": "pairwise"},
+    # params.yaml's objectives.<method> (5 samples / candidates each, the CIDEr-D reward), COCO's RL rate
+    "grpo": {"lr": 5e-5, "epochs": 1, **CONSTANT_LR, "n_samples": 5, "reward": "cider_d", "scale_rewards": "group",
+             "loss_type": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "num_iterations": 2, "beta": 0.04},
+    "ppo_kl": {"lr": 5e-5, "epochs": 1, **CONSTANT_LR, "n_samples": 5, "reward": "cider_d", "kl_coef": 0.2,
+               "kl_target": 0.0, "kl_horizon": 10000, "noptepochs": 4, "cliprange": 0.2, "cliprange_value": 0.2,
+               "vf_coef": 0.1, "gamma": 1.0, "lam": 0.95, "whiten_rewards": True},
+    "dico": {"lr": 5e-5, "epochs": 1, **CONSTANT_LR, "candidates": 5, "reward": "cider_d", "beta": 0.2, "tau": 300.0,
+             "candidate_mode": "train"},
 }
+OPTIONS["nsc"] = {**OPTIONS["scst"], "baseline": "nsc"}
+METHOD = {"nsc": "scst"}  # a config's method name -> the registered objective
 
 
 # --- data ---------------------------------------------------------------------------------
@@ -155,7 +168,8 @@ def _run_config(paths: dict[str, str], config: str, batch: int, steps: int, warm
     model = build_model(*model_options(arch), len(data.vocab), data.feat_dim, data.n_regions)
     reward = build_reward("cider_d", data.references("train"), load_document_frequencies(paths["cider_df"]))
     env = ObjectiveEnv(decode_words=data.decode, reward=lambda _name: reward, max_length=MAX_LENGTH)
-    objective = build_objective(method, OPTIONS[method], env, model)
+    objective = build_objective(METHOD.get(method, method), OPTIONS[method], env, model)
+    objective.begin(model)  # a reference policy: a copy of the start
     loop = LoopConfig(epochs=1, batch_size=batch, grad_clip=2.0, checkpoint_every=10**9,
                       log_every=10**9, max_length=MAX_LENGTH, seed=0, amp=amp, cuda_graphs=cuda_graphs)
     with tempfile.TemporaryDirectory() as state_dir:

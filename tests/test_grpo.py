@@ -189,3 +189,28 @@ def test_grpo_learns_the_toy_reward() -> None:
         loss.backward()
         optimizer.step()
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.5
+
+
+@pytest.mark.parametrize("method, options", [("scst", NSC), ("grpo", GRPO)])
+def test_remove_bad_endings_while_sampling(method: str, options: dict) -> None:
+    """Option remove_bad_endings: no RL sample ends on a bad ending ('a' of the toy words), where
+    without it many do; the objective needs the vocabulary's words to know them."""
+    model, batch, env = setup(n_images=8)
+    ends = {}
+    for flag in (False, True):
+        objective = build_objective(method, {**options, "remove_bad_endings": flag},
+                                    dataclasses.replace(env, extras={"words": WORDS}), model)
+        torch.manual_seed(1)
+        _, samples = objective.greedy_and_samples(model, batch, 16, greedy=False)
+        captions = [c for c in env.decode_words(samples.last_stage()) if c]
+        ends[flag] = sum(c[-1] == "a" for c in captions)
+    assert ends[False] > 0 and ends[True] == 0
+    objective = build_objective(method, {**options, "remove_bad_endings": True}, env, model)
+    with pytest.raises(CaprlError, match="words"):
+        objective.greedy_and_samples(model, batch, 2, greedy=False)
+
+
+def test_remove_bad_endings_with_several_grpo_passes_is_refused() -> None:
+    model, _, env = setup()
+    with pytest.raises(CaprlError, match="remove_bad_endings"):
+        build_objective("grpo", {**GRPO, "num_iterations": 2, "remove_bad_endings": True}, env, model, where="runs.x")

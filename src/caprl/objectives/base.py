@@ -26,6 +26,7 @@ from torch import nn
 
 from caprl import decoding
 from caprl.decoding import captured
+from caprl.decoding.constraints import Constraints, Rule
 from caprl.data.batch import Batch
 from caprl.decoding import Samples
 from caprl.errors import CaprlError
@@ -264,8 +265,21 @@ class Objective(nn.Module):
         model.train()
         ctx = model.encode(batch.pooled, batch.regions)
         samples = decoding.sample(model, ctx, self.env.max_length, n=n, temperature=temperature, noise=batch.noise,
-                                  keep_entropy=keep_entropy)
+                                  keep_entropy=keep_entropy, rule=self.sampling_rule())
         return (self.greedy_captions(model, batch, ctx) if greedy else None), samples
+
+    def sampling_rule(self) -> Rule | None:
+        """With option ``remove_bad_endings`` (off by default), the RL samples never end on one of
+        self-critical.pytorch's bad endings (:data:`caprl.decoding.constraints.BAD_ENDINGS`), as its
+        decoding flag does at test time. Caveat: the policy that samples (and whose log-probabilities
+        the gradient reads) is then the constrained, renormalised one, not the model's own."""
+        if not getattr(self.options, "remove_bad_endings", False):
+            return None
+        words = self.env.extras.get("words")
+        if words is None:
+            raise CaprlError(f"{self.name}.remove_bad_endings: the objective was not given the vocabulary's words "
+                             "(ObjectiveEnv.extras['words'])")
+        return Constraints.of(False, True, False, words).rule()
 
     def greedy_captions(self, model: CaptionModel, batch: Batch, ctx: Any) -> Samples:
         """The greedy caption of every image of ``batch``, without gradient, decoded as option

@@ -29,7 +29,7 @@ temperature 1 (TRL's default; no option: re-scoring would have to divide by it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -62,6 +62,9 @@ class GRPOOptions(Options):
     epsilon_high: float  # its upper clip: 1 + epsilon_high (TRL: epsilon_high = epsilon unless set)
     num_iterations: int  # optimiser updates per batch of samples (the paper's mu)
     beta: float  # the KL term's weight (0: no reference model)
+    #: SCP's remove_bad_endings while sampling (Objective.sampling_rule); one pass only (the later passes re-score
+    #: the captions under the unconstrained policy, which is not the one that sampled them)
+    remove_bad_endings: bool = field(default=False, kw_only=True)
 
     def check(self, where: str) -> None:
         super().check(where)
@@ -71,6 +74,10 @@ class GRPOOptions(Options):
         if not 0 < self.epsilon < 1 or self.epsilon_high <= 0:
             raise CaprlError(f"{where}.epsilon / epsilon_high: expected 0 < epsilon < 1 and epsilon_high > 0, got "
                              f"{self.epsilon} / {self.epsilon_high}")
+        if self.remove_bad_endings and self.num_iterations > 1:
+            raise CaprlError(f"{where}.remove_bad_endings: with num_iterations {self.num_iterations} the later passes "
+                             "re-score the captions under the unconstrained policy, not the one that sampled them: "
+                             "set num_iterations 1 or remove_bad_endings false")
         if self.num_iterations < 1 or self.beta < 0:
             raise CaprlError(f"{where}: expected num_iterations >= 1 and beta >= 0, got {self.num_iterations} and "
                              f"{self.beta}")

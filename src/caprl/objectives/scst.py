@@ -21,7 +21,7 @@ method. With ``entropy`` > 0 the loss also maximises the sampling distribution's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ from caprl.objectives.baselines import BASELINES, BaselineOptions
 class SamplingOptions(BaselineOptions):  # n_samples, baseline
     reward: str  # a name under `rewards:`
     temperature: float
+    #: SCP's remove_bad_endings while sampling (caprl.objectives.base.Objective.sampling_rule): off by default
+    remove_bad_endings: bool = field(default=False, kw_only=True)
 
 
 @dataclass

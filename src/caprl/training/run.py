@@ -206,7 +206,8 @@ def train(params: dict[str, Any], dataset: str, run: str, data: CaptionData, cid
     # theirs from it; they name the section when it is missing), the pooled feature size, the
     # seed, the optimiser steps of an epoch
     steps = -(-len(data.split_ids("train")) // settings.batch_size)
-    extras: dict[str, Any] = {"feat_dim": data.feat_dim, "seed": settings.seed, "steps_per_epoch": steps}
+    extras: dict[str, Any] = {"feat_dim": data.feat_dim, "seed": settings.seed, "steps_per_epoch": steps,
+                              "words": list(data.vocab.idx_to_word)}  # remove_bad_endings names words
     if settings.listener is not None:
         extras["listener"] = settings.listener
     env = ObjectiveEnv(decode_words=data.decode, reward=reward, max_length=settings.max_length,
