@@ -75,8 +75,7 @@ class TrainJob:
 
     @property
     def start(self) -> str | None:
-        """The caption model's starting checkpoint (``init.model``; None from scratch): the
-        evaluation measures the KL of the trained policy to it (:mod:`caprl.evaluation.start_kl`)."""
+        """``init.model``'s checkpoint (None from scratch): evaluation's KL reference (caprl.evaluation.start_kl)."""
         return self.init.get("model")
 
     def init_args(self) -> str:
