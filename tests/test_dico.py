@@ -19,7 +19,7 @@ from caprl.objectives import build_objective
 from caprl.objectives.dico import dico_terms, loser_weights  # (registers dico)
 from numerics import assert_float64_close, to_float64
 from test_objectives import setup
-from toy import CONSTANT_LR, WORDS, count_red, fit, same, snapshot, toy_trainer
+from toy import CONSTANT_LR, WORDS, count_red, fit, reward_trace, same, snapshot, toy_trainer
 
 DICO = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "candidates": 3, "reward": "count_red", "beta": 0.2, "tau": 300.0,
         "candidate_mode": "train"}
@@ -182,14 +182,6 @@ def test_dico_learns_the_toy_reward() -> None:
     env = dataclasses.replace(env, reward=lambda name: count_red)
     objective = build_objective("dico", {**DICO, "candidates": 4, "beta": 0.5, "tau": 1.0}, env, model)
     objective.begin(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    rewards = []
-    for _ in range(40):
-        loss, stats = objective.loss(model, batch)
-        rewards.append(stats["reward_mean"])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    rewards, stats = reward_trace(objective, model, batch, 40, "reward_mean", torch.optim.Adam(model.parameters(), lr=1e-2))
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.5
     assert stats["implicit_accuracy"] > 0.5 and stats["implicit_margin"] > 0

@@ -20,7 +20,7 @@ from caprl.objectives.grpo import group_advantages
 from caprl.objectives.policy import Rollout, caption_logprobs, k3
 from numerics import assert_float64_close, to_float64
 from test_objectives import setup
-from toy import CONSTANT_LR, WORDS, count_red, ending_model, fit, same, snapshot, toy_trainer
+from toy import CONSTANT_LR, WORDS, count_red, fit, rescoring_case, reward_trace, same, snapshot, toy_trainer
 
 GRPO = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "count_red", "scale_rewards": "group",
         "loss_type": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "num_iterations": 1, "beta": 0.0}
@@ -80,7 +80,7 @@ def hand_pass(model, env, loss_type: str, beta: float) -> tuple[torch.Tensor, to
     adv = torch.tensor([1.5, -2.0])
     ref = torch.tensor([[-1.2, -1.0, -0.4, 0.0], [-0.5, -0.9, 0.0, 0.0]])
     rollout = Rollout(None, None, old, mask, {"advantages": adv, "ref_logprobs": ref, "reward_sample": 0.0})
-    loss, _ = objective.pass_loss(model, rollout, new, first=False)
+    loss, _ = objective.pass_loss(rollout, new)
     per_token = torch.zeros_like(mask)
     for i in range(2):
         for t in range(4):
@@ -108,15 +108,9 @@ def test_the_clipped_loss_and_its_aggregation_match_a_hand_computation(loss_type
 def test_rescoring_the_samples_gives_the_sampling_log_probabilities(arch: str) -> None:
     """A later pass's ratio is 1 until the policy moves: teacher-forcing the sampled captions
     reproduces the log-probabilities the sampling drew them with (every length, end token included)."""
-    model = ending_model(arch) if arch != "transformer" else build_model(
-        "transformer", {"num_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0, "feat_dropout": 0.0,
-                        "max_positions": 9}, 12, 8, 4)
-    model = to_float64(model).eval()
-    torch.manual_seed(3)
-    pooled, regions = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 4, 8, dtype=torch.float64)
-    batch = dataclasses.make_dataclass("B", ["pooled", "regions", "image_ids"])(pooled, regions, [0, 1, 2])
+    model, batch = rescoring_case(arch)
     with torch.no_grad():
-        samples = decoding.sample(model, model.encode(pooled, regions), 8, n=4)
+        samples = decoding.sample(model, model.encode(batch.pooled, batch.regions), 8, n=4)
         again = caption_logprobs(model, batch, samples.last_stage(), 4)
     mask = samples.mask[:, -1]
     assert 0 < mask.sum() < mask.numel()  # captions end at different steps
@@ -179,15 +173,7 @@ def test_grpo_learns_the_toy_reward() -> None:
     env = dataclasses.replace(env, reward=lambda name: count_red)
     objective = build_objective("grpo", {**GRPO, "lr": 1e-2, "beta": 0.04}, env, model)
     objective.begin(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    rewards = []
-    for _ in range(60):
-        loss, stats = objective.loss(model, batch)
-        rewards.append(stats["reward_sample"])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    rewards, _ = reward_trace(objective, model, batch, 60, "reward_sample", torch.optim.Adam(model.parameters(), lr=1e-2))
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.5
 
 

@@ -13,7 +13,7 @@ from caprl.decoding import Noise
 from caprl.models import build_model, timeshared
 from caprl.objectives import Batch, ObjectiveEnv, build_objective
 from caprl.objectives.pg_spider import monte_carlo_q
-from toy import CONSTANT_LR, WORDS, count_red, decode
+from toy import CONSTANT_LR, WORDS, count_red, decode, reward_trace
 
 OPTIONS = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "rollouts": 3, "reward": "count_red", "baseline_lr": 1e-2, "baseline_hidden": 8,
            "baseline_warmup_steps": 0, "n_samples": 1, "rollout_mode": "policy"}
@@ -114,15 +114,7 @@ def test_baseline_gets_gradients_only_from_its_mse() -> None:
 def test_pg_spider_raises_the_reward() -> None:
     model, batch, env = setup()
     objective = build_objective("pg_spider", {**OPTIONS, "lr": 1e-2}, env, model)
-    optimizer = torch.optim.Adam(objective.param_groups(model))
-    torch.manual_seed(0)
-    rewards = []
-    for _ in range(40):
-        loss, metrics = objective.loss(model, batch)
-        rewards.append(metrics["reward_sample"])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    rewards, _ = reward_trace(objective, model, batch, 40, "reward_sample", torch.optim.Adam(objective.param_groups(model)))
     assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.5
 
 

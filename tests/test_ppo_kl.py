@@ -22,7 +22,8 @@ from caprl.objectives.ppo_kl import (AdaptiveKLController, KLController, control
                                      whiten)
 from numerics import assert_float64_close, to_float64
 from test_objectives import setup
-from toy import CONSTANT_LR, WORDS, count_red, decode, ending_model, fit, same, snapshot, toy_trainer
+from toy import (CONSTANT_LR, WORDS, count_red, decode, fit, rescoring_case, reward_trace, same, snapshot,
+                 toy_trainer)
 
 PPO = {"lr": 1e-3, "epochs": 1, **CONSTANT_LR, "n_samples": 4, "reward": "count_red", "kl_coef": 0.2,
        "kl_target": 0.0, "kl_horizon": 10000, "noptepochs": 1, "cliprange": 0.2,
@@ -159,15 +160,9 @@ def test_the_rollout_updates_the_controller_once_with_its_mean_kl_and_caption_co
 @pytest.mark.numerics
 @pytest.mark.parametrize("arch", ["fc", "transformer"])
 def test_rescoring_gives_the_sampling_log_probabilities_and_decoder_states(arch: str) -> None:
-    model = ending_model(arch) if arch != "transformer" else build_model(
-        "transformer", {"num_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0, "feat_dropout": 0.0,
-                        "max_positions": 9}, 12, 8, 4)
-    model = to_float64(model).eval()
-    torch.manual_seed(3)
-    pooled, regions = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 4, 8, dtype=torch.float64)
-    batch = dataclasses.make_dataclass("B", ["pooled", "regions", "image_ids"])(pooled, regions, [0, 1, 2])
+    model, batch = rescoring_case(arch)
     with torch.no_grad():
-        samples = decoding.sample(model, model.encode(pooled, regions), 8, n=4, keep_hidden=True)
+        samples = decoding.sample(model, model.encode(batch.pooled, batch.regions), 8, n=4, keep_hidden=True)
         logprobs, hidden = rescore(model, batch, samples.last_stage(), 4)
     mask = samples.mask[:, -1]
     assert 0 < mask.sum() < mask.numel()  # captions end at different steps
@@ -247,16 +242,8 @@ def test_ppo_kl_learns_the_toy_reward() -> None:
     env = dataclasses.replace(env, reward=lambda name: count_red)
     objective = build_objective("ppo_kl", {**PPO, "noptepochs": 2, "kl_coef": 0.05}, env, model)
     objective.begin(model)
-    optimizer = torch.optim.Adam(objective.param_groups(model), lr=1e-2)
-    torch.manual_seed(0)
-    rewards = []
-    for _ in range(40):
-        for turn in objective.turns:
-            loss, stats = objective.turn_loss(model, batch, turn)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        rewards.append(stats["reward_sample"])
+    rewards, _ = reward_trace(objective, model, batch, 40, "reward_sample",
+                              torch.optim.Adam(objective.param_groups(model), lr=1e-2))
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.5
 
 

@@ -156,3 +156,39 @@ def ending_model(arch: str) -> Any:
             with torch.no_grad():
                 p[0] += 2.0
     return model
+
+
+def rescoring_case(arch: str) -> tuple[Any, Any]:
+    """For the tests that re-score sampled captions teacher-forced: a float64 ``arch`` model in eval
+    mode whose captions end at every length (:func:`ending_model`; the transformer a small one,
+    dropout 0) and a batch of 3 images (``pooled``, ``regions``, ``image_ids``), drawn after seed 3."""
+    import dataclasses
+
+    from caprl.models import build_model
+    from numerics import to_float64
+
+    model = ending_model(arch) if arch != "transformer" else build_model(
+        "transformer", {"num_layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0, "feat_dropout": 0.0,
+                        "max_positions": 9}, 12, 8, 4)
+    model = to_float64(model).eval()
+    torch.manual_seed(3)
+    pooled, regions = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 4, 8, dtype=torch.float64)
+    return model, dataclasses.make_dataclass("B", ["pooled", "regions", "image_ids"])(pooled, regions, [0, 1, 2])
+
+
+def reward_trace(objective: Any, model: Any, batch: Any, steps: int, key: str,
+                 optimizer: torch.optim.Optimizer) -> tuple[list[float], dict[str, float]]:
+    """``steps`` batches of ``objective`` on one toy batch from ``torch.manual_seed(0)``, each an
+    optimiser update per turn (one for a method without turns): metric ``key`` after each batch,
+    and the last update's metrics (the objectives' "it learns the toy reward" checks)."""
+    torch.manual_seed(0)
+    values: list[float] = []
+    metrics: dict[str, float] = {}
+    for _ in range(steps):
+        for turn in objective.turns or (None,):
+            loss, metrics = objective.loss(model, batch) if turn is None else objective.turn_loss(model, batch, turn)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        values.append(metrics[key])
+    return values, metrics

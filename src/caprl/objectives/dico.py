@@ -48,8 +48,9 @@ from caprl import decoding
 from caprl.data.batch import Batch
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
-from caprl.objectives.base import Objective, ObjectiveEnv, Options, one_of, register_objective
-from caprl.objectives.policy import REFERENCE_ROLE, caption_logprobs, frozen_copy, reference_logprobs, single_stage
+from caprl.objectives.base import ObjectiveEnv, Options, one_of, register_objective
+from caprl.objectives.policy import (REFERENCE_ROLE, PolicyObjective, caption_logprobs, reference_logprobs,
+                                     single_stage)
 from caprl.objectives.xe import token_mask
 from caprl.registry import Registry
 
@@ -110,18 +111,14 @@ def dico_terms(policy: torch.Tensor, reference: torch.Tensor, rewards: torch.Ten
 
 
 @register_objective("dico")
-class DiCO(Objective):
+class DiCO(PolicyObjective):
     Options = DiCOOptions
     options: DiCOOptions
-    keeps = (REFERENCE_ROLE,)
 
     def __init__(self, options: Options, env: ObjectiveEnv, model: CaptionModel) -> None:
         super().__init__(options, env, model)
         single_stage(model, "dico")
-        self.reference = frozen_copy(model)
-
-    def begin(self, model: CaptionModel) -> None:
-        self.reference.load_state_dict(model.state_dict())
+        self.hold_reference(model)
 
     def draw(self, model: CaptionModel, batch: Batch) -> torch.Tensor:
         """``[B * K, T]`` (image-major): every beam of a width-K search, no gradient, the model in

@@ -39,8 +39,7 @@ from caprl.data.batch import Batch
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import ObjectiveEnv, Options, one_of, register_objective
-from caprl.objectives.policy import (REFERENCE_ROLE, MultiPass, Rollout, frozen_copy, k3, reference_logprobs,
-                                     single_stage)
+from caprl.objectives.policy import REFERENCE_ROLE, MultiPass, Rollout, k3, reference_logprobs, single_stage
 from caprl.registry import Registry
 
 STD_EPS = 1e-4  # TRL's: advantages / (std + 1e-4)
@@ -128,13 +127,8 @@ class GRPO(MultiPass):
         super().__init__(options, env, model)
         single_stage(model, "grpo")
         self.set_passes(self.options.num_iterations)
-        if self.options.beta > 0:
-            self.reference = frozen_copy(model)
-            self.keeps = (REFERENCE_ROLE,)
-
-    def begin(self, model: CaptionModel) -> None:
-        if self.options.beta > 0:
-            self.reference.load_state_dict(model.state_dict())
+        if self.options.beta > 0:  # TRL loads a reference model only then
+            self.hold_reference(model)
 
     def rollout(self, model: CaptionModel, batch: Batch) -> Rollout:
         n = self.options.n_samples
@@ -149,8 +143,7 @@ class GRPO(MultiPass):
             extra["ref_logprobs"] = reference_logprobs(getattr(self, REFERENCE_ROLE), batch, tokens, n)
         return Rollout(batch, samples, samples.logprobs[:, -1].detach(), samples.mask[:, -1], extra)
 
-    def pass_loss(self, model: CaptionModel, rollout: Rollout, logprobs: torch.Tensor,
-                  first: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    def pass_loss(self, rollout: Rollout, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         o = self.options
         advantage = rollout.extra["advantages"].unsqueeze(1)
         ratio = torch.exp(logprobs - rollout.old_logprobs)

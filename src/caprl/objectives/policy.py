@@ -87,11 +87,25 @@ class Rollout:
     extra: dict[str, Any]
 
 
-class MultiPass(Objective):
+class PolicyObjective(Objective):
+    """An objective anchored to its start: :meth:`hold_reference` keeps a frozen copy of the caption
+    model (role ``reference`` in :attr:`keeps`), which :meth:`begin` sets to the loaded start."""
+
+    def hold_reference(self, model: CaptionModel) -> None:
+        self.reference = frozen_copy(model)
+        self.keeps = (*type(self).keeps, REFERENCE_ROLE)
+
+    def begin(self, model: CaptionModel) -> None:
+        if REFERENCE_ROLE in self.keeps:
+            self.reference.load_state_dict(model.state_dict())
+
+
+class MultiPass(PolicyObjective):
     """An objective making ``passes`` optimiser updates on one batch of samples (the trainer's
     turns ``pass1 .. passK``; one pass: a plain :meth:`loss`). Subclasses implement
     :meth:`rollout` (sample, score; pass 1's differentiable log-probabilities in ``samples``)
-    and :meth:`pass_loss`."""
+    and :meth:`pass_loss`; :meth:`sampled` and :meth:`rescored` say what a pass reads of the
+    current policy (the log-probabilities; a value head's values too)."""
 
     def set_passes(self, passes: int) -> None:
         self.turns = tuple(f"pass{i}" for i in range(1, passes + 1)) if passes > 1 else ()
@@ -100,26 +114,32 @@ class MultiPass(Objective):
     def rollout(self, model: CaptionModel, batch: Batch) -> Rollout:
         raise NotImplementedError
 
-    def pass_loss(self, model: CaptionModel, rollout: Rollout, logprobs: torch.Tensor,
-                  first: bool) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of one pass; ``logprobs [N, T]``: the current policy's (with gradient)."""
+    def pass_loss(self, rollout: Rollout, current: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one pass; ``current``: what :meth:`sampled` / :meth:`rescored` gave (with gradient)."""
         raise NotImplementedError
+
+    def sampled(self, rollout: Rollout) -> Any:
+        """Pass 1's reading of the policy: the sampling's own log-probabilities ``[N, T]`` (ratio exactly 1)."""
+        return rollout.samples.logprobs[:, -1]
+
+    def rescored(self, model: CaptionModel, rollout: Rollout) -> Any:
+        """A later pass's: the same captions' log-probabilities under the updated policy (train mode)."""
+        return caption_logprobs(model, rollout.batch, rollout.samples.last_stage(), self._n(rollout))
 
     def loss(self, model: CaptionModel, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         return self.turn_loss(model, batch, "pass1")
 
     def turn_loss(self, model: CaptionModel, batch: Batch, turn: str) -> tuple[torch.Tensor, dict[str, float]]:
         if turn == "pass1":
-            self._rollout = self.rollout(model, batch)
-            rollout = self._rollout
-            logprobs = rollout.samples.logprobs[:, -1]  # the sampling's own: ratio exactly 1
+            rollout = self._rollout = self.rollout(model, batch)
+            current = self.sampled(rollout)
         else:
             rollout = self._rollout
             if rollout is None or rollout.batch is not batch:
                 raise RuntimeError(f"{self.name}: {turn} before pass1 on this batch")
             model.train()
-            logprobs = caption_logprobs(model, batch, rollout.samples.last_stage(), self._n(rollout))
-        loss, metrics = self.pass_loss(model, rollout, logprobs, turn == "pass1")
+            current = self.rescored(model, rollout)
+        loss, metrics = self.pass_loss(rollout, current)
         if turn == (self.turns[-1] if self.turns else "pass1"):
             self._rollout = None  # nothing of a batch outlives its step (a checkpoint never needs it)
         return loss, metrics

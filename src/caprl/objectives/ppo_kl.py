@@ -55,8 +55,7 @@ from caprl.data.batch import Batch
 from caprl.errors import CaprlError
 from caprl.models.base import CaptionModel
 from caprl.objectives.base import ObjectiveEnv, Options, register_objective
-from caprl.objectives.policy import (REFERENCE_ROLE, MultiPass, Rollout, frozen_copy, k1, reference_logprobs,
-                                     single_stage)
+from caprl.objectives.policy import MultiPass, Rollout, k1, reference_logprobs, single_stage
 from caprl.registry import Registry
 
 VALUE_ROLE = "value_head"
@@ -227,7 +226,7 @@ class PPOKL(MultiPass):
     Options = PPOKLOptions
     options: PPOKLOptions
     holds = (VALUE_ROLE,)
-    keeps = (REFERENCE_ROLE, CONTROLLER_ROLE)
+    keeps = (CONTROLLER_ROLE,)  # and the reference (hold_reference)
 
     def __init__(self, options: Options, env: ObjectiveEnv, model: CaptionModel) -> None:
         super().__init__(options, env, model)
@@ -235,12 +234,9 @@ class PPOKL(MultiPass):
         o = self.options
         self.set_passes(o.noptepochs)
         self.value_head = ValueHead(hidden_size(model))
-        self.reference = frozen_copy(model)
+        self.hold_reference(model)
         controller = KL_CONTROLLERS.get(controller_name(o.kl_target), where="kl_target")
         self.kl_controller = controller(o.kl_coef, o.kl_target, o.kl_horizon)
-
-    def begin(self, model: CaptionModel) -> None:
-        self.reference.load_state_dict(model.state_dict())
 
     def param_groups(self, model: CaptionModel) -> list[dict[str, Any]]:
         return super().param_groups(model) + [
@@ -276,26 +272,22 @@ class PPOKL(MultiPass):
                            "returns": float(self.mean(returns, mask))}}
         return Rollout(batch, samples, old_logprobs, mask, extra)
 
-    def turn_loss(self, model: CaptionModel, batch: Batch, turn: str) -> tuple[torch.Tensor, dict[str, float]]:
-        """``MultiPass.turn_loss``, the later passes re-scoring log-probabilities AND values."""
-        if turn == "pass1":
-            rollout = self._rollout = self.rollout(model, batch)
-            logprobs, vpred = rollout.samples.logprobs[:, -1], rollout.extra["vpred"]
-        else:
-            rollout = self._rollout
-            if rollout is None or rollout.batch is not batch:
-                raise RuntimeError(f"{self.name}: {turn} before pass1 on this batch")
-            model.train()
-            logprobs, hidden = self.rescore(model, batch, rollout.samples.last_stage(), self._n(rollout))
-            vpred = self.value_head(hidden) * rollout.mask
-        loss, metrics = self.ppo_loss(rollout, logprobs * rollout.mask, vpred)
-        if turn == (self.turns[-1] if self.turns else "pass1"):
-            self._rollout = None
-        return loss, metrics
+    def sampled(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pass 1 reads the sampling's log-probabilities and values."""
+        return rollout.samples.logprobs[:, -1], rollout.extra["vpred"]
+
+    def rescored(self, model: CaptionModel, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """A later pass re-scores log-probabilities AND values (the value head on the re-scored states)."""
+        logprobs, hidden = self.rescore(model, rollout.batch, rollout.samples.last_stage(), self._n(rollout))
+        return logprobs, self.value_head(hidden) * rollout.mask
 
     def rescore(self, model: CaptionModel, batch: Batch, tokens: torch.Tensor,
                 n: int) -> tuple[torch.Tensor, torch.Tensor]:
         return rescore(model, batch, tokens, n)
+
+    def pass_loss(self, rollout: Rollout, current: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        logprobs, vpred = current
+        return self.ppo_loss(rollout, logprobs * rollout.mask, vpred)
 
     def ppo_loss(self, rollout: Rollout, logprobs: torch.Tensor,
                  vpred: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
