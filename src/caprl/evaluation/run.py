@@ -216,6 +216,8 @@ def main(args: argparse.Namespace) -> None:
                              FAILURE_MODES: failure_modes(captions)}  # bad endings, repeats, length
     if args.start:
         start = checkpoint.load(args.start, vocab_sha256=data.vocab.sha256)
+        provenance.check_model_inputs(args.start, start.made_from, args.features, data.features.attrs,
+                                      args.annotations, data.annotations)  # the same data as the run's
         start_model = checkpoint.model_from_checkpoint(start).to(default_device())
         extra[FAILURE_MODES].update(kl_to_start=kl_to_start(model, start_model, data, captions, batch_size, args.start),
                                     **start_section(start, args.start))
