@@ -32,15 +32,15 @@ def softmax(xs: list[float]) -> list[float]:
 
 def test_loser_weights_are_a_softmax_of_the_reward_gaps_over_the_losers() -> None:
     rewards = torch.tensor([[1.0, 3.0, 2.0, 0.0],  # winner 1; gaps 2, 1, 3
-                            [2.0, 2.0, 1.0, 2.0]])  # a tie: the first (likelier beam) wins; gaps 0, 1, 0
+                            [2.0, 2.0, 1.0, 2.0]], dtype=torch.float64)  # a tie: the first (likelier beam) wins; gaps 0, 1, 0
     got = loser_weights(rewards, tau=0.5)
     a, b, c = softmax([0.5 * 2, 0.5 * 1, 0.5 * 3])
     d, e, f = softmax([0.0, 0.5 * 1, 0.0])
-    assert torch.allclose(got, torch.tensor([[a, 0.0, b, c], [0.0, d, e, f]]))
+    assert_float64_close(got, torch.tensor([[a, 0.0, b, c], [0.0, d, e, f]], dtype=torch.float64))
     assert got[0, 3] > got[0, 0] > got[0, 2]  # the worse a loser, the more weight
     third = 1 / 3
-    even = torch.tensor([[third, 0, third, third], [0, third, third, third]])
-    assert torch.allclose(loser_weights(rewards, tau=0.0), even)
+    even = torch.tensor([[third, 0, third, third], [0, third, third, third]], dtype=torch.float64)
+    assert_float64_close(loser_weights(rewards, tau=0.0), even)
     assert torch.equal(loser_weights(torch.tensor([[0.3, 0.7]]), tau=300.0), torch.tensor([[1.0, 0.0]]))  # one loser
     assert torch.equal(loser_weights(torch.tensor([[0.5], [1.0]]), tau=1.0), torch.zeros(2, 1))  # no loser: no weight
 
@@ -83,20 +83,20 @@ def dpo(pw: torch.Tensor, pl: torch.Tensor, rw: torch.Tensor, rl: torch.Tensor, 
 def test_one_loser_is_dpo_and_tau_zero_weighs_the_losers_evenly(tau: float) -> None:
     model, _, env = setup()
     torch.manual_seed(1)
-    policy, ref, rewards = -3 * torch.rand(6, 2), -3 * torch.rand(6, 2), torch.rand(6, 2)
+    policy, ref, rewards = -3 * torch.rand(6, 2, dtype=torch.float64), -3 * torch.rand(6, 2, dtype=torch.float64), torch.rand(6, 2, dtype=torch.float64)
     w = rewards.argmax(1, keepdim=True)
     pick = lambda x, idx: x.gather(1, idx).squeeze(1)  # noqa: E731
     objective = build_objective("dico", {**DICO, "candidates": 2, "tau": tau}, env, model)
     loss, _ = objective.pair_loss(policy, ref, rewards)
-    assert torch.allclose(loss, dpo(pick(policy, w), pick(policy, 1 - w), pick(ref, w), pick(ref, 1 - w), 0.2).mean())
+    assert_float64_close(loss, dpo(pick(policy, w), pick(policy, 1 - w), pick(ref, w), pick(ref, 1 - w), 0.2).mean())
     # four candidates: tau 0 is DPO against the losers' mean log-probabilities; a large tau, against the worst
-    policy, ref, rewards = -3 * torch.rand(6, 4), -3 * torch.rand(6, 4), torch.rand(6, 4)
+    policy, ref, rewards = -3 * torch.rand(6, 4, dtype=torch.float64), -3 * torch.rand(6, 4, dtype=torch.float64), torch.rand(6, 4, dtype=torch.float64)
     w, worst = rewards.argmax(1, keepdim=True), rewards.argmin(1, keepdim=True)
     lose = lambda x: (x.sum(1) - pick(x, w)) / 3  # noqa: E731
     even = dico_terms(policy, ref, rewards, 0.0).logits
-    assert torch.allclose(even, (pick(policy, w) - lose(policy)) - (pick(ref, w) - lose(ref)))
+    assert_float64_close(even, (pick(policy, w) - lose(policy)) - (pick(ref, w) - lose(ref)))
     sharp = dico_terms(policy, ref, rewards, 1e6).logits
-    assert torch.allclose(sharp, (pick(policy, w) - pick(policy, worst)) - (pick(ref, w) - pick(ref, worst)))
+    assert_float64_close(sharp, (pick(policy, w) - pick(policy, worst)) - (pick(ref, w) - pick(ref, worst)))
 
 
 def small_model(arch: str) -> torch.nn.Module:

@@ -7,6 +7,7 @@ checkpointed and restored."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -55,30 +56,30 @@ def test_one_pass_without_kl_or_scaling_is_nsc_times_g_minus_one_over_g() -> Non
 
 
 def test_group_advantage_scales_as_trl() -> None:
-    rewards = torch.tensor([1.0, 2.0, 3.0, 6.0, 0.0, 0.0, 0.0, 4.0])  # two images, four captions each
-    centred = torch.tensor([-2.0, -1.0, 0.0, 3.0, -1.0, -1.0, -1.0, 3.0])
+    rewards = torch.tensor([1.0, 2.0, 3.0, 6.0, 0.0, 0.0, 0.0, 4.0], dtype=torch.float64)  # two images, four captions each
+    centred = torch.tensor([-2.0, -1.0, 0.0, 3.0, -1.0, -1.0, -1.0, 3.0], dtype=torch.float64)
     assert torch.equal(group_advantages(rewards, 4, "none"), centred)
-    std = torch.tensor([torch.tensor([1.0, 2, 3, 6]).std(), torch.tensor([0.0, 0, 0, 4]).std()])
-    assert torch.allclose(group_advantages(rewards, 4, "group"), centred / (std.repeat_interleave(4) + 1e-4))
-    assert torch.allclose(group_advantages(rewards, 4, "batch"), centred / (rewards.std() + 1e-4))
+    std = torch.tensor([torch.tensor([1.0, 2, 3, 6], dtype=torch.float64).std(), torch.tensor([0.0, 0, 0, 4], dtype=torch.float64).std()], dtype=torch.float64)
+    assert_float64_close(group_advantages(rewards, 4, "group"), centred / (std.repeat_interleave(4) + 1e-4))
+    assert_float64_close(group_advantages(rewards, 4, "batch"), centred / (rewards.std() + 1e-4))
     assert torch.equal(group_advantages(torch.full((4,), 0.5), 4, "group"), torch.zeros(4))  # all equal: no signal
 
 
 def test_k3_is_the_hand_formula_and_never_negative() -> None:
-    lp, ref = torch.tensor([-1.0, -0.5, -2.0]), torch.tensor([-1.0, -1.5, -0.1])
-    expected = torch.tensor([0.0, torch.exp(torch.tensor(-1.0)) + 1 - 1, torch.exp(torch.tensor(1.9)) - 1.9 - 1])
-    assert torch.allclose(k3(lp, ref), expected)
+    lp, ref = torch.tensor([-1.0, -0.5, -2.0], dtype=torch.float64), torch.tensor([-1.0, -1.5, -0.1], dtype=torch.float64)
+    delta = [-1.0 - -1.0, -1.5 - -0.5, -0.1 - -2.0]  # ref - lp, in Python floats (float64)
+    assert_float64_close(k3(lp, ref), torch.tensor([math.exp(d) - d - 1 for d in delta], dtype=torch.float64))
     assert (k3(torch.randn(100), torch.randn(100)) >= 0).all()
 
 
 def hand_pass(model, env, loss_type: str, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The objective's pass loss on a made-up rollout, and the same loss written out by hand."""
     objective = build_objective("grpo", {**GRPO, "loss_type": loss_type, "beta": beta}, env, model)
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-    old = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -1.0, 0.0, 0.0]])
-    new = old + torch.tensor([[0.5, -0.5, 0.01, 0.0], [0.1, 0.3, 0.0, 0.0]])  # ratios e^.5, e^-.5, ~1; e^.1, e^.3
-    adv = torch.tensor([1.5, -2.0])
-    ref = torch.tensor([[-1.2, -1.0, -0.4, 0.0], [-0.5, -0.9, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)  # float64: the hand sums add in other orders
+    old = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -1.0, 0.0, 0.0]], dtype=torch.float64)
+    new = old + torch.tensor([[0.5, -0.5, 0.01, 0.0], [0.1, 0.3, 0.0, 0.0]], dtype=torch.float64)  # ratios e^.5, e^-.5, ~1; e^.1, e^.3
+    adv = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    ref = torch.tensor([[-1.2, -1.0, -0.4, 0.0], [-0.5, -0.9, 0.0, 0.0]], dtype=torch.float64)
     rollout = Rollout(None, None, old, mask, {"advantages": adv, "ref_logprobs": ref, "reward_sample": 0.0})
     loss, _ = objective.pass_loss(rollout, new)
     per_token = torch.zeros_like(mask)
@@ -88,7 +89,7 @@ def hand_pass(model, env, loss_type: str, beta: float) -> tuple[torch.Tensor, to
             clipped = min(max(r, 0.8), 1.2)
             value = -min(r * float(adv[i]), clipped * float(adv[i]))
             d = float(ref[i, t] - new[i, t])
-            per_token[i, t] = value + beta * (torch.exp(torch.tensor(d)) - d - 1)
+            per_token[i, t] = value + beta * (math.exp(d) - d - 1)
     per_token = per_token * mask
     expected = {"grpo": (per_token.sum(1) / mask.sum(1)).mean(), "bnpo": per_token.sum() / mask.sum(),
                 "dr_grpo": per_token.sum() / (2 * env.max_length)}[loss_type]
@@ -100,7 +101,7 @@ def hand_pass(model, env, loss_type: str, beta: float) -> tuple[torch.Tensor, to
 def test_the_clipped_loss_and_its_aggregation_match_a_hand_computation(loss_type: str, beta: float) -> None:
     model, _, env = setup()
     loss, expected = hand_pass(model, env, loss_type, beta)
-    assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7), (loss, expected)
+    assert_float64_close(loss, expected)
 
 
 @pytest.mark.numerics

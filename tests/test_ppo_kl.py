@@ -46,14 +46,14 @@ def hand_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
 
 
 def test_kl_penalised_rewards_match_a_hand_computation() -> None:
-    kl = torch.tensor([[0.5, -0.2, 0.1, 9.0], [0.3, 0.4, 9.0, 9.0], [0.0, 1.0, -1.0, 2.0]])
-    scores = torch.tensor([2.0, -1.0, 0.5])
-    expected = torch.zeros(3, 4)
+    kl = torch.tensor([[0.5, -0.2, 0.1, 9.0], [0.3, 0.4, 9.0, 9.0], [0.0, 1.0, -1.0, 2.0]], dtype=torch.float64)
+    scores = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)
+    expected = torch.zeros(3, 4, dtype=torch.float64)
     for i in range(3):
         length = int(MASK[i].sum())
         for t in range(length):
             expected[i, t] = -0.15 * float(kl[i, t]) + (float(scores[i]) if t == length - 1 else 0.0)
-    assert torch.allclose(kl_rewards(scores, kl, MASK, 0.15), expected)
+    assert_float64_close(kl_rewards(scores, kl, MASK.double(), 0.15), expected)
 
 
 @pytest.mark.numerics
@@ -91,21 +91,22 @@ def test_the_rollout_penalises_each_token_by_its_k1_to_the_reference() -> None:
 @pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.9, 0.5)])
 def test_gae_matches_a_hand_loop(gamma: float, lam: float) -> None:
     torch.manual_seed(0)
-    rewards, values = torch.randn(3, 4) * MASK, torch.randn(3, 4) * MASK
-    assert torch.allclose(gae(rewards, values, gamma, lam) * MASK, hand_gae(rewards, values, MASK, gamma, lam),
-                          atol=1e-6)
+    mask = MASK.double()  # float64: the hand loop adds in another order
+    rewards, values = torch.randn(3, 4, dtype=torch.float64) * mask, torch.randn(3, 4, dtype=torch.float64) * mask
+    assert_float64_close(gae(rewards, values, gamma, lam) * mask, hand_gae(rewards, values, mask, gamma, lam))
 
 
 @pytest.mark.parametrize("shift_mean", [True, False])
 def test_whitening_is_over_the_caption_tokens(shift_mean: bool) -> None:
-    values = torch.tensor([[1.0, 2.0, 3.0, 50.0], [4.0, 0.0, 70.0, 80.0], [1.0, 1.0, 2.0, 6.0]])
-    live = values[MASK.bool()].numpy().astype(np.float64)
+    values = torch.tensor([[1.0, 2.0, 3.0, 50.0], [4.0, 0.0, 70.0, 80.0], [1.0, 1.0, 2.0, 6.0]], dtype=torch.float64)
+    mask = MASK.double()  # float64: numpy's moments add in another order
+    live = values[MASK.bool()].numpy()
     mean, var = live.mean(), live.var()  # biased, as tf.nn.moments
-    expected = (values.double() - mean) / np.sqrt(var + 1e-8) + (0.0 if shift_mean else mean)
-    out = whiten(values, MASK, shift_mean=shift_mean)
-    assert torch.allclose(out, (expected * MASK).float(), atol=1e-5)
+    expected = (values - mean) / np.sqrt(var + 1e-8) + (0.0 if shift_mean else mean)
+    out = whiten(values, mask, shift_mean=shift_mean)
+    assert_float64_close(out, expected * mask)
     two_processes = lambda x: 2 * x  # each holding the same rows: the same statistics  # noqa: E731
-    assert torch.allclose(whiten(values, MASK, shift_mean, two_processes), out, atol=1e-6)
+    assert_float64_close(whiten(values, mask, shift_mean, two_processes), out)
 
 
 def test_the_clipped_policy_and_value_losses_match_a_hand_computation() -> None:
