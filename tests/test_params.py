@@ -350,3 +350,28 @@ def test_params_yaml_stays_a_ten_minute_read() -> None:
     """The first file a user opens stays under 25 KB (issue 38): a value and a short comment each;
     the long explanations live in docs/params.md."""
     assert len((REPO / "params.yaml").read_bytes()) < 25_000
+
+
+def test_a_listed_only_run_trains_only_where_it_is_named() -> None:
+    """``listed_only: true`` (claims 006's runs): no dataset builds the run by default, one whose
+    runs: lists it does, its tuning points train where the run could, and a claims config naming
+    it trains it (the flag dropped)."""
+    from caprl.claims import configs
+
+    base = default_params()
+    base["runs"]["transformer-ppo_kl"]["listed_only"] = True
+    params = params_mod.resolve({**base, "tuning": {"budget": 3, "runs": {"transformer-ppo_kl": {"lr": "lr"}}}})
+    assert params_mod.run_spec(params, "transformer-ppo_kl").datasets == []
+    assert params_mod.run_spec(params, "transformer-grpo").datasets == ["synthetic"]
+    points = [r for r, e in params["runs"].items() if e.get(params_mod.TUNED_FROM) == "transformer-ppo_kl"]
+    assert len(points) == 3 and all(params_mod.run_spec(params, p).datasets == ["synthetic"] for p in points)
+    assert params_mod.tuning_datasets(params, "transformer-ppo_kl") == ["synthetic"]
+
+    listed = {**base, "datasets": {**base["datasets"], "synthetic": {**base["datasets"]["synthetic"],
+                                                                      "runs": ["transformer-xe", "transformer-ppo_kl"]}}}
+    assert params_mod.run_spec(params_mod.resolve(listed), "transformer-ppo_kl").datasets == ["synthetic"]
+
+    config = {"paper": "9", "demo": {"runs": ["transformer-xe", "transformer-ppo_kl"]}, "claims": []}
+    seed = configs.seed_params(base, config, 1)
+    assert "listed_only" not in seed["runs"]["transformer-ppo_kl"]
+    assert params_mod.run_spec(params_mod.resolve(seed), "transformer-ppo_kl").datasets == ["synthetic"]

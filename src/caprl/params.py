@@ -261,7 +261,7 @@ def expand_tuning(params: dict[str, Any]) -> dict[str, Any]:
             raise CaprlError(f"tuning.runs.{run}: {len(combos)} points, but tuning.budget is {tuning['budget']}: "
                              "every tuned run gets the same number of points, so that the methods compared had "
                              "the same tuning budget")
-        entry = {k: v for k, v in runs[run].items() if k != "decode"}
+        entry = {k: v for k, v in runs[run].items() if k not in ("decode", "listed_only")}
         points_of[run] = []
         for combo in combos:
             point = dict(zip(axes, combo))
@@ -273,6 +273,13 @@ def expand_tuning(params: dict[str, Any]) -> dict[str, Any]:
     out["datasets"] = {name: ({**spec, "runs": [p for r in spec["runs"] for p in [r, *points_of.get(r, [])]]}
                               if "runs" in spec else spec) for name, spec in params["datasets"].items()}
     return out
+
+
+def tuning_datasets(params: dict[str, Any], run: str) -> list[str]:
+    """Where ``run``'s tuning points train: its datasets, as if it were not ``listed_only`` (a point
+    is trained wherever its run could be; :func:`expand_tuning` drops the flag from points)."""
+    entry = {k: v for k, v in params["runs"][run].items() if k != "listed_only"}
+    return run_spec({**params, "runs": {**params["runs"], run: entry}}, run).datasets
 
 
 def compared_runs(params: dict[str, Any]) -> list[str]:
@@ -348,7 +355,7 @@ class RunSpec:
 
     ``options``: ``objectives.<method>`` with the run's ``options`` on top; ``init``: role ->
     the run whose best checkpoint that module starts from; ``datasets``: the enabled datasets
-    it trains on (its ``datasets:`` or every enabled dataset).
+    it trains on (its ``datasets:`` or every enabled dataset; ``listed_only``: those whose ``runs:`` lists it).
     """
 
     name: str
@@ -389,7 +396,8 @@ def run_spec(params: dict[str, Any], run: str) -> RunSpec:
                 raise CaprlError(f"runs.{run}.datasets: no dataset named '{ds}' under datasets: "
                                  f"({', '.join(params['datasets'])})")
         datasets = [ds for ds in listed if params["datasets"][ds]["enabled"]]
-    datasets = [ds for ds in datasets if run in params["datasets"][ds].get("runs", params["runs"])]
+    default = () if entry.get("listed_only") else params["runs"]  # listed_only: where runs: lists it
+    datasets = [ds for ds in datasets if run in params["datasets"][ds].get("runs", default)]
     return RunSpec(name=run, method=method, model=model, options={**defaults, **overrides},
                    init=dict(entry.get("init", {})), datasets=datasets,
                    decode={**params["decode"], **entry.get("decode", {})}, source=entry.get(SWEPT_FROM, run))

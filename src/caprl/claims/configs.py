@@ -136,7 +136,8 @@ def demo_params(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
                 raise CaprlError(f"claims config {config['paper']}: demo.runs: {item!r} is neither a run's name "
                                  "nor {name: entry}")
         runs = entries
-    params["runs"] = copy.deepcopy(runs)
+    params["runs"] = {run: {k: v for k, v in entry.items() if k != "listed_only"}  # named here: trained
+                      for run, entry in copy.deepcopy(runs).items()}
     for run, entry in demo.get("run_overrides", {}).items():
         if run not in params["runs"]:
             raise CaprlError(f"claims config {config['paper']}: demo.run_overrides names {run!r}, not one of its runs")

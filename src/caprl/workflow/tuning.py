@@ -89,7 +89,7 @@ def merge(params: dict[str, Any], old: dict[str, Any], new: dict[str, Any], wher
                          f"{new['dataset']}/{new['budget']}, params.yaml's budget {params['tuning']['budget']})")
     runs: dict[str, Any] = {}
     for run, grid in params["tuning"]["runs"].items():
-        if new["dataset"] not in params_mod.run_spec(params, run).datasets:
+        if new["dataset"] not in params_mod.tuning_datasets(params, run):
             continue
         entry = new["runs"].get(run) or old["runs"].get(run)
         if entry is None:
