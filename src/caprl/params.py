@@ -170,6 +170,12 @@ def with_objective_defaults(params: dict[str, Any]) -> dict[str, Any]:
 
 SWEPT_FROM = "swept_from"  # key of an expanded point: the params.yaml run it comes from
 TUNED_FROM = "tuned_from"  # key of a tuning point: the run whose options it tries (tuning:)
+LISTED_ONLY = "listed_only"  # a run's flag: trained only where a dataset's runs:, a claims config or tuning names it
+
+
+def named(entry: dict[str, Any]) -> dict[str, Any]:
+    """A run's entry where something names it (a claims config, a tuning point): without its ``listed_only``."""
+    return {k: v for k, v in entry.items() if k != LISTED_ONLY}
 
 
 def point_name(run: str, point: dict[str, Any]) -> str:
@@ -261,7 +267,7 @@ def expand_tuning(params: dict[str, Any]) -> dict[str, Any]:
             raise CaprlError(f"tuning.runs.{run}: {len(combos)} points, but tuning.budget is {tuning['budget']}: "
                              "every tuned run gets the same number of points, so that the methods compared had "
                              "the same tuning budget")
-        entry = {k: v for k, v in runs[run].items() if k not in ("decode", "listed_only")}
+        entry = {k: v for k, v in named(runs[run]).items() if k != "decode"}
         points_of[run] = []
         for combo in combos:
             point = dict(zip(axes, combo))
@@ -278,8 +284,7 @@ def expand_tuning(params: dict[str, Any]) -> dict[str, Any]:
 def tuning_datasets(params: dict[str, Any], run: str) -> list[str]:
     """Where ``run``'s tuning points train: its datasets, as if it were not ``listed_only`` (a point
     is trained wherever its run could be; :func:`expand_tuning` drops the flag from points)."""
-    entry = {k: v for k, v in params["runs"][run].items() if k != "listed_only"}
-    return run_spec({**params, "runs": {**params["runs"], run: entry}}, run).datasets
+    return run_spec({**params, "runs": {**params["runs"], run: named(params["runs"][run])}}, run).datasets
 
 
 def compared_runs(params: dict[str, Any]) -> list[str]:
@@ -396,7 +401,7 @@ def run_spec(params: dict[str, Any], run: str) -> RunSpec:
                 raise CaprlError(f"runs.{run}.datasets: no dataset named '{ds}' under datasets: "
                                  f"({', '.join(params['datasets'])})")
         datasets = [ds for ds in listed if params["datasets"][ds]["enabled"]]
-    default = () if entry.get("listed_only") else params["runs"]  # listed_only: where runs: lists it
+    default = () if entry.get(LISTED_ONLY) else params["runs"]  # listed_only: where runs: lists it
     datasets = [ds for ds in datasets if run in params["datasets"][ds].get("runs", default)]
     return RunSpec(name=run, method=method, model=model, options={**defaults, **overrides},
                    init=dict(entry.get("init", {})), datasets=datasets,

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from caprl import params as params_mod
 from caprl.claims.verdicts import KINDS, ref_dataset
 from caprl.errors import CaprlError
 from caprl.workflow.plan import build_plan
@@ -35,10 +36,8 @@ PARAMS_FILE = WORKSPACE + "/params.yaml"  # what that seed's stages read (--para
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+    """:func:`caprl.params.merge` (``--configfile``'s semantics) on a copy: ``base`` stays untouched."""
+    return copy.deepcopy(params_mod.merge(base, override))
 
 
 def config_paths(folder: Path, papers: list[str] | str = "all") -> dict[str, Path]:
@@ -136,8 +135,7 @@ def demo_params(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
                 raise CaprlError(f"claims config {config['paper']}: demo.runs: {item!r} is neither a run's name "
                                  "nor {name: entry}")
         runs = entries
-    params["runs"] = {run: {k: v for k, v in entry.items() if k != "listed_only"}  # named here: trained
-                      for run, entry in copy.deepcopy(runs).items()}
+    params["runs"] = {run: params_mod.named(entry) for run, entry in copy.deepcopy(runs).items()}  # trained
     for run, entry in demo.get("run_overrides", {}).items():
         if run not in params["runs"]:
             raise CaprlError(f"claims config {config['paper']}: demo.run_overrides names {run!r}, not one of its runs")

@@ -204,11 +204,12 @@ def decide(entry: dict[str, Any]) -> dict[str, Any]:
                  verdict=verdict(entry["kind"], lo, hi, entry["margin"]),
                  p=p_value(diffs, null_value(entry["kind"], entry["margin"])))
     if all(x == y for x, y in zip(a, b)):  # e.g. a run whose every epoch lost to its start: its start's weights
-        entry["why"] = ("a = b in every seed: both sides read the same value (the same weights), so these runs "
-                        "cannot tell the two apart" if len(set(a)) > 1 else
-                        f"a = b = {a[0]:g} in every seed: the metric does not move on either side (the same "
-                        "weights, or a rate neither run leaves, e.g. no caption ending badly), so these runs "
-                        "cannot tell the two apart")
+        if len(set(a)) > 1:
+            same = "a = b in every seed: both sides read the same value (the same weights)"
+        else:  # or a rate neither run leaves
+            same = (f"a = b = {a[0]:g} in every seed: the metric does not move on either side (the same "
+                    "weights, or a rate neither run leaves, e.g. no caption ending badly)")
+        entry["why"] = f"{same}, so these runs cannot tell the two apart"
     return entry
 
 
