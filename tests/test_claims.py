@@ -82,7 +82,7 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
     exceeds its 45 minutes); every claim states its source; every run a claim reads is one the config
     trains, every table one its dataset builds; a table read at a matched recall has as many val images
     as test images (validation recall is on the test recall's scale)."""
-    from caprl import params as params_mod
+    from caprl import params as params_mod, run_points
 
     config = configs.load_config(path)
     assert len(config["seeds"]) >= configs.MIN_SEEDS and path.name.startswith(config["paper"])
@@ -90,7 +90,7 @@ def test_every_claims_config_is_sized_to_resolve_and_names_its_own_runs(path):
     matched_recall = any(isinstance(c[side], dict) and c[side]["table"] in ("psst_table1", "psst_table6")
                          for c in config["claims"] for side in ("a", "b"))
     assert params["synthetic"]["n_test"] >= (500 if matched_recall else 1000)
-    runs = params_mod.expand_sweeps(params)["runs"]
+    runs = run_points.expand_sweeps(params)["runs"]
     for claim in config["claims"]:
         assert claim["source"] and (claim["kind"] != "at_least" or claim["margin_reason"]), claim["id"]
         for side in ("a", "b"):

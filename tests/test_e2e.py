@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from caprl.workflow.dvc import render
-from caprl.params import expand_sweeps
+from caprl.run_points import expand_sweeps
 from caprl.workflow.plan import build_plan
 from conftest import REPO, TINY, TINY_VIDEO, default_params, full_run, merge
 from report_check import check_curves, check_mlflow_compare, check_report

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.errors import CaprlError
 from conftest import REPO, default_params
 
@@ -224,7 +224,7 @@ def test_a_sweep_expands_into_one_run_per_point_of_the_product() -> None:
                                               "sweep": {"lam": "lam", "rho": [0.25, 1.0]}, "decode": {"beam_size": 2}}}
     params["datasets"]["synthetic"]["runs"] = ["fc-xe", "listener", "fc-psst_multinomial"]
     params["datasets"]["synthetic_video"]["enabled"] = False
-    out = params_mod.expand_sweeps(params)
+    out = run_points.expand_sweeps(params)
     points = [r for r in out["runs"] if r.startswith("fc-psst")]
     assert points == ["fc-psst_multinomial-lam0_01-rho0_25", "fc-psst_multinomial-lam0_01-rho1",
                       "fc-psst_multinomial-lam0_0025-rho0_25", "fc-psst_multinomial-lam0_0025-rho1"]
@@ -232,7 +232,7 @@ def test_a_sweep_expands_into_one_run_per_point_of_the_product() -> None:
     spec = params_mod.run_spec(out, points[1])
     assert spec.options["lam"] == 0.01 and spec.options["rho"] == 1.0 and spec.source == "fc-psst_multinomial"
     assert spec.decode == {**params["decode"], "beam_size": 2} and spec.init == {"model": "fc-xe", "listener": "listener"}
-    assert params_mod.expand_sweeps(out) == out  # idempotent
+    assert run_points.expand_sweeps(out) == out  # idempotent
     params_mod.check(out)
 
 
@@ -240,10 +240,10 @@ def test_a_sweep_naming_an_unknown_list_or_option_is_an_error() -> None:
     params = default_params()
     params["runs"]["fc-scst"]["sweep"] = {"lr": "nope"}
     with pytest.raises(CaprlError, match="runs.fc-scst.sweep.lr: 'nope' is not a list under sweeps"):
-        params_mod.expand_sweeps(params)
+        run_points.expand_sweeps(params)
     params["runs"]["fc-scst"]["sweep"] = {"alpha": [0.5]}
     with pytest.raises(CaprlError, match="objectives.scst has no option 'alpha'"):
-        params_mod.check(params_mod.expand_sweeps(params))
+        params_mod.check(run_points.expand_sweeps(params))
 
 
 def test_an_evaluation_job_reads_every_evaluate_setting_through_its_typed_settings() -> None:
@@ -363,7 +363,7 @@ def test_a_listed_only_run_trains_only_where_it_is_named() -> None:
     params = params_mod.resolve({**base, "tuning": {"budget": 3, "runs": {"transformer-ppo_kl": {"lr": "lr"}}}})
     assert params_mod.run_spec(params, "transformer-ppo_kl").datasets == []
     assert params_mod.run_spec(params, "transformer-grpo").datasets == ["synthetic"]
-    points = [r for r, e in params["runs"].items() if e.get(params_mod.TUNED_FROM) == "transformer-ppo_kl"]
+    points = [r for r, e in params["runs"].items() if e.get(run_points.TUNED_FROM) == "transformer-ppo_kl"]
     assert len(points) == 3 and all(params_mod.run_spec(params, p).datasets == ["synthetic"] for p in points)
     assert params_mod.tuning_datasets(params, "transformer-ppo_kl") == ["synthetic"]
 

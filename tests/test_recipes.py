@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.workflow import plan as wp
 from caprl.workflow.dvc import dvc_stages, layer_stages
 from conftest import REPO
@@ -100,11 +100,11 @@ def test_a_recipe_plans_exactly_its_dataset_runs_and_tables(path: Path, loaded: 
     listed = recipe["datasets"][ds]["runs"]
     # every planned (or skipped) job is a run the recipe lists; every listed run is planned (swept: every point)
     trained = {(d, job.spec.source) for (d, _), job in plan.jobs.items() if not job.tuning}
-    skipped = {(d, params["runs"][r].get(params_mod.SWEPT_FROM, r)) for (d, r) in plan.skipped
-               if params_mod.TUNED_FROM not in params["runs"][r]}
+    skipped = {(d, params["runs"][r].get(run_points.SWEPT_FROM, r)) for (d, r) in plan.skipped
+               if run_points.TUNED_FROM not in params["runs"][r]}
     assert trained | skipped == {(ds, run) for run in listed}
-    points = [r for r in params["datasets"][ds]["runs"] if params_mod.TUNED_FROM not in params["runs"][r]]
-    left_out = [r for (_, r) in plan.skipped if params_mod.TUNED_FROM not in params["runs"][r]]
+    points = [r for r in params["datasets"][ds]["runs"] if run_points.TUNED_FROM not in params["runs"][r]]
+    left_out = [r for (_, r) in plan.skipped if run_points.TUNED_FROM not in params["runs"][r]]
     assert sorted([job.run for job in plan.trained(ds)] + left_out) == sorted(points)
     for (_, run), reason in plan.skipped.items():  # only a reward that cannot run here (SPICE) leaves a run out
         assert "SPICE" in reason, (run, reason)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import REPO, default_params
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.errors import CaprlError
 from caprl.workflow.tuning import choose, markdown, point_score
 from caprl.workflow.plan import build_plan
@@ -25,13 +25,13 @@ def tuned(grids: dict, budget: int = 3) -> dict:
 
 def test_every_point_is_a_run_with_its_options_and_never_evaluated():
     params = tuned({"fc-scst": {"lr": [1e-4, 3e-4, 1e-3]}, "fc-luo2018-lam0_5": {"lr": [1e-4, 3e-4, 1e-3]}})
-    out = params_mod.expand_tuning(params_mod.expand_sweeps(params))
-    assert out == params_mod.expand_tuning(out)  # idempotent
-    names = [r for r, e in out["runs"].items() if params_mod.TUNED_FROM in e]
+    out = run_points.expand_tuning(run_points.expand_sweeps(params))
+    assert out == run_points.expand_tuning(out)  # idempotent
+    names = [r for r, e in out["runs"].items() if run_points.TUNED_FROM in e]
     assert names[:3] == ["fc-scst-tune-lr0_0001", "fc-scst-tune-lr0_0003", "fc-scst-tune-lr0_001"]
     point = params_mod.run_spec(out, "fc-luo2018-lam0_5-tune-lr0_0003")
     assert point.options["lr"] == 3e-4 and point.options["lam"] == 0.5 and point.init["model"] == "fc-xe"
-    assert set(params_mod.compared_runs(out)) == set(params_mod.expand_sweeps(params)["runs"])
+    assert set(run_points.compared_runs(out)) == set(run_points.expand_sweeps(params)["runs"])
     plan = build_plan(params)
     points = plan.tuning_points("synthetic")
     assert [j.run for j in points["fc-scst"]] == names[:3]
@@ -41,9 +41,9 @@ def test_every_point_is_a_run_with_its_options_and_never_evaluated():
 
 def test_the_budget_is_the_same_for_every_tuned_run_and_names_are_checked():
     with pytest.raises(CaprlError, match="tuning.runs.fc-scst: 2 points, but tuning.budget is 3"):
-        params_mod.expand_tuning(tuned({"fc-scst": {"lr": [1e-4, 1e-3]}}))
+        run_points.expand_tuning(tuned({"fc-scst": {"lr": [1e-4, 1e-3]}}))
     with pytest.raises(CaprlError, match="tuning.runs.fc-nothing"):
-        params_mod.expand_tuning(tuned({"fc-nothing": {"lr": [1e-4, 3e-4, 1e-3]}}))
+        run_points.expand_tuning(tuned({"fc-nothing": {"lr": [1e-4, 3e-4, 1e-3]}}))
     with pytest.raises(CaprlError, match="objectives.scst has no option 'bogus'"):
         build_plan(tuned({"fc-scst": {"bogus": [1, 2, 3]}}))
 
@@ -84,7 +84,7 @@ def test_a_missing_point_history_names_the_file_and_the_command(tmp_path: Path, 
     from caprl.workflow.tuning import report
 
     monkeypatch.chdir(tmp_path)
-    params = params_mod.expand_tuning(params_mod.expand_sweeps(tuned({"fc-scst": {"lr": [1e-4, 3e-4, 1e-3]}})))
+    params = run_points.expand_tuning(run_points.expand_sweeps(tuned({"fc-scst": {"lr": [1e-4, 3e-4, 1e-3]}})))
     with pytest.raises(CaprlError, match=r"fc-scst-tune-lr0_0001/history.json.*snakemake"):
         report(params, "synthetic", tmp_path)
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import caprl.rewards
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.workflow import plan as wp
 from caprl.workflow.dvc import dvc_stages
 from caprl.errors import CaprlError
@@ -15,7 +15,7 @@ from conftest import default_params, generated_dataset, two_dataset_params
 
 
 def test_default_plan_trains_every_run_with_an_available_reward() -> None:
-    params = params_mod.expand_sweeps(default_params())  # a swept run is one run per point
+    params = run_points.expand_sweeps(default_params())  # a swept run is one run per point
     plan = wp.build_plan(params)
     assert list(plan.datasets) == ["synthetic", "synthetic_video"]
     trained = [job.run for job in plan.trained("synthetic")]
@@ -56,7 +56,7 @@ def test_the_listener_run_gets_a_gold_retrieval_job_and_the_tables_read_it() -> 
     """The objective's ``gold_retrieval`` decides (ListenerPretraining), not the method's name."""
     from caprl.objectives import OBJECTIVES
 
-    params = params_mod.expand_sweeps(default_params())
+    params = run_points.expand_sweeps(default_params())
     params["runs"]["embedding"] = {"method": "listener", "model": "fc", "datasets": ["synthetic"]}
     plan = wp.build_plan(params)
     assert OBJECTIVES.get("listener").gold_retrieval and not OBJECTIVES.get("psst_multinomial").gold_retrieval

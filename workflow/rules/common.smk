@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.workflow import plan as wp
 from caprl.workflow.priority import train_priorities
 from caprl.errors import CaprlError
@@ -46,7 +46,7 @@ EVAL_SPLIT = config["evaluate"]["split"]
 TABLE_FILES = PLAN.table_files()
 TABLE_NAMES = sorted({table for ds in DATASETS for table in PLAN.tables(ds)})
 FIGURE_FILES = [path for ds in DATASETS for path in PLAN.attention_pngs(ds) + PLAN.psst_pngs(ds) + PLAN.curve_files(ds)]
-RUNS = {run: PLAN.params["runs"][run] for run in params_mod.compared_runs(PLAN.params)}  # sweeps expanded
+RUNS = {run: PLAN.params["runs"][run] for run in run_points.compared_runs(PLAN.params)}  # sweeps expanded
 TUNING_FILES = PLAN.tuning_files()
 # GPUs per job where params.yaml decides (the SLURM profile gives the others): a training
 # job runs train.gpus DDP processes; features runs a CNN backbone on a GPU, patches and tinycnn on CPU.

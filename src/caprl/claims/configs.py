@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.claims.verdicts import KINDS, ref_dataset
 from caprl.errors import CaprlError
 from caprl.workflow.plan import build_plan
@@ -135,7 +135,7 @@ def demo_params(base: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
                 raise CaprlError(f"claims config {config['paper']}: demo.runs: {item!r} is neither a run's name "
                                  "nor {name: entry}")
         runs = entries
-    params["runs"] = {run: params_mod.named(entry) for run, entry in copy.deepcopy(runs).items()}  # trained
+    params["runs"] = {run: run_points.named(entry) for run, entry in copy.deepcopy(runs).items()}  # trained
     for run, entry in demo.get("run_overrides", {}).items():
         if run not in params["runs"]:
             raise CaprlError(f"claims config {config['paper']}: demo.run_overrides names {run!r}, not one of its runs")

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable
 
 from caprl.errors import CaprlError
 from caprl.evaluation import validation
-from caprl.params import RunSpec, compared_runs, run_spec
+from caprl.params import RunSpec, run_spec
+from caprl.run_points import compared_runs
 from caprl.tables.settings import decoding_label
 
 Curve = list[tuple[float, float]]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from caprl.params import RunSpec, compared_runs, run_spec
+from caprl.params import RunSpec, run_spec
+from caprl.run_points import compared_runs
 
 
 def is_captioner(spec: RunSpec) -> bool:

@@ -26,7 +26,7 @@ from caprl.io.layout import (  # noqa: F401  (re-exported: the Snakefile, DVC an
     ATTENTION_DIR, ATTENTION_PNG, CURVES_DIR, CURVES_PNG, CURVES_CSV, CURVES_OVERVIEW, TABLES_DIR, TABLE,
     TABLE_FORMATS, TUNING,
 )
-from caprl import params as params_mod
+from caprl import params as params_mod, run_points
 from caprl.errors import CaprlError
 from caprl.params import BOTTOMUP, RunSpec
 from caprl.workflow.datasets import (  # noqa: F401  (GENERATED...: re-exported, the Snakefile reads wp.<NAME>)
@@ -165,7 +165,7 @@ class Plan:
         out: dict[str, list[TrainJob]] = {}
         for (ds, _), job in self.jobs.items():
             if ds == dataset and job.tuning:
-                out.setdefault(self.params["runs"][job.run][params_mod.TUNED_FROM], []).append(job)
+                out.setdefault(self.params["runs"][job.run][run_points.TUNED_FROM], []).append(job)
         return out
 
     def tuning_files(self) -> list[str]:
@@ -305,7 +305,7 @@ def build_plan(params: dict[str, Any]) -> Plan:
         for dataset in spec.datasets:
             if reason is None:
                 captioner, retrieval, gold = _roles(run, spec.method)
-                tuning = params_mod.TUNED_FROM in params["runs"][run]
+                tuning = run_points.TUNED_FROM in params["runs"][run]
                 plan.jobs[(dataset, run)] = TrainJob(dataset, spec, captioner, retrieval, gold, tuning)
             else:
                 plan.skipped[(dataset, run)] = reason

@@ -2,7 +2,7 @@
 
 ``tuning.runs`` in params.yaml gives, per run, option lists (the learning rate, a method's free
 options); every point of their product is its own training job (``<run>-tune-lr0_0006``, see
-:func:`caprl.params.expand_tuning`), built by ``snakemake tuning``, one job per point on a
+:func:`caprl.run_points.expand_tuning`), built by ``snakemake tuning``, one job per point on a
 cluster. A point is scored by the best validation value of its method's own selection metric
 (``Objective.select``: CIDEr-D for captioners, the listener's R@10 for paper 004's methods)
 over its trained epochs, read from its history; the point with the highest score is the
