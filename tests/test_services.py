@@ -14,14 +14,14 @@ VARIABLES = ("CAPRL_JOB_SERVER", "CAPRL_METEOR_SOCKET")
 
 PROBE = """
 import json, os, sys
-from caprl.runtime import socket_service
+from caprl.runtime import socket_service, wire
 found = {}
 for name in %r:
     path = os.environ.get(name)
     alive = False
     if path:
         try:
-            socket_service.ping(path, name)
+            wire.ping(path, name)
             alive = True
         except Exception:
             alive = False

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from caprl.runtime import socket_service as service
+from caprl.runtime import socket_service as service, wire
 from caprl.cli import STAGES, TOOLS
 from caprl.cli import main as run_stage
 from caprl.errors import CaprlError
@@ -77,10 +77,10 @@ def preload() -> list[str]:
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request and the file descriptors that came with it (three for a job, none for a ping)."""
     conn.settimeout(service.REQUEST_READ_TIMEOUT_S)
-    first, fds, _flags, _addr = socket.recv_fds(conn, service.HEADER.size, 3)
+    first, fds, _flags, _addr = socket.recv_fds(conn, wire.HEADER.size, 3)
     if not first:
         raise EOFError("connection closed before any request")
-    request = service.recv_rest(conn, first)
+    request = wire.recv_rest(conn, first)
     if not isinstance(request, dict):
         for fd in fds:
             os.close(fd)
@@ -213,14 +213,14 @@ def _accept(listener: socket.socket, jobs: dict[int, socket.socket | None]) -> b
         return False
     if request.get("ping") is True or request.get("shutdown") is True:
         with contextlib.suppress(OSError):
-            service.send(conn, {"ok": True, "pid": os.getpid()})
+            wire.send(conn, {"ok": True, "pid": os.getpid()})
         conn.close()
         return request.get("shutdown") is True
     if len(fds) != 3 or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
-            service.send(conn, {"error": "a job request is {argv, cwd, env} with fds 0, 1 and 2"})
+            wire.send(conn, {"error": "a job request is {argv, cwd, env} with fds 0, 1 and 2"})
         conn.close()
         return False
     sys.stdout.flush()
@@ -234,7 +234,7 @@ def _accept(listener: socket.socket, jobs: dict[int, socket.socket | None]) -> b
     jobs[pid] = conn
     conn.settimeout(5.0)
     with contextlib.suppress(OSError):
-        service.send(conn, {"pid": pid})
+        wire.send(conn, {"pid": pid})
     return False
 
 
@@ -250,7 +250,7 @@ def _reap(jobs: dict[int, socket.socket | None]) -> None:
         conn = jobs.pop(pid, None)
         if conn is not None:
             with contextlib.suppress(OSError):
-                service.send(conn, {"exit": _status_code(status)})
+                wire.send(conn, {"exit": _status_code(status)})
             conn.close()
 
 

@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from caprl.runtime import socket_service as service
+from caprl.runtime import socket_service as service, wire
 from caprl.runtime.socket_service import MAX_SOCKET_PATH, stop_process  # noqa: F401  (part of this module's API)
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,8 @@ SOCKET_ENV = "CAPRL_METEOR_SOCKET"
 DEFAULT_IDLE_TIMEOUT_S = 1800.0
 SERVER_MODULE = "caprl.metrics.meteor_server"
 WHAT = "METEOR server"
-MeteorServerError = service.ServiceError  # the METEOR server failed to score a request
-ServerUnavailable = service.ServiceUnavailable  # no METEOR server answers at the socket
+MeteorServerError = wire.ServiceError  # the METEOR server failed to score a request
+ServerUnavailable = wire.ServiceUnavailable  # no METEOR server answers at the socket
 
 
 class MeteorClient:
@@ -45,7 +45,7 @@ class MeteorClient:
 
     def request(self, message: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request, return the answer; MeteorServerError for an ``error`` answer."""
-        return service.request(self.socket_path, message, self.connect_timeout, self.request_timeout, WHAT)
+        return wire.request(self.socket_path, message, self.connect_timeout, self.request_timeout, WHAT)
 
     def ping(self) -> int:
         """The server's pid (ServerUnavailable if none answers)."""

@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from caprl.runtime import socket_service as service
+from caprl.runtime import socket_service as service, wire
 
 SOCKET_ENV = "CAPRL_JOB_SERVER"
 OFF = service.OFF  # `CAPRL_JOB_SERVER=off snakemake ...`: no job server, every job runs by itself
@@ -43,9 +43,9 @@ def run_in_server(argv: Sequence[str]) -> int | None:
     try:
         sock.settimeout(2.0)
         sock.connect(path)
-        data = service.frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), **process_state()})
+        data = wire.frame({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), **process_state()})
         socket.send_fds(sock, [data], [0, 1, 2])
-        answer = service.recv(sock)
+        answer = wire.recv(sock)
         child = int(answer["pid"])
     except (OSError, ValueError, EOFError, KeyError, TypeError):
         sock.close()
@@ -53,7 +53,7 @@ def run_in_server(argv: Sequence[str]) -> int | None:
     previous = {sig: signal.signal(sig, lambda signum, _frame: pass_on(child, signum)) for sig in FORWARDED}
     try:
         sock.settimeout(None)
-        return int(service.recv(sock)["exit"])  # a forwarded signal's handler returns: the read goes on
+        return int(wire.recv(sock)["exit"])  # a forwarded signal's handler returns: the read goes on
     except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:
         print(f"caprl: the job server lost job {child} ({exc!r}); see its log in .snakemake/log/", file=sys.stderr)
         return 1

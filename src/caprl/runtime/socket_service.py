@@ -3,56 +3,42 @@
 Two services use it: the METEOR JVM (:mod:`caprl.metrics.meteor_server`) and the job server
 (:mod:`caprl.cli.job_server`). Each saves every job a start-up cost it would otherwise pay
 alone (a JVM; importing torch, MLflow and the stage). A service module supplies a
-handler (one request dict -> one answer dict); this module supplies the rest: the framing,
-binding over stale files, the serving loop, its lifetime (idle timeout, the parent process's
+handler (one request dict -> one answer dict); this module supplies the rest: binding over
+stale files, the serving loop, its lifetime (idle timeout, the parent process's
 end, SIGTERM/SIGINT, a ``shutdown`` request), a pid file, and starting and stopping the
 server process.
 
-Protocol: one request per connection. Each message, both ways, is an 8-byte big-endian length
-followed by that many bytes of UTF-8 JSON. ``{"ping": true}`` is answered ``{"ok": true, "pid":
-int}``, ``{"shutdown": true}`` ``{"ok": true}`` before the server exits; the handler answers the
-rest. Failures are answered ``{"error": message}``. Requests are served one at a time; waiting
-clients queue in the socket's backlog.
+The messages and the client's side: :mod:`caprl.runtime.wire`. Requests are served one at a
+time; waiting clients queue in the socket's backlog.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from caprl.errors import CaprlError
+from caprl.runtime.wire import ServiceError, ping, recv, request, send
 
 log = logging.getLogger(__name__)
 OFF = "off"  # a server variable set to this: no shared server, each job works alone
 
 MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes on Linux, NUL included
-HEADER = struct.Struct(">Q")
-MAX_MESSAGE = 256 * 1024 * 1024  # a sanity bound on a request's size, not a real limit
 REQUEST_READ_TIMEOUT_S = 30.0  # the server never waits longer for a client to send its request
 POLL_S = 1.0  # how often the server checks its parent, its idle time and signals
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-class ServiceError(CaprlError):
-    """A server failed to answer a request (the message says which server and how)."""
-
-
-class ServiceUnavailable(ServiceError):
-    """No server answers at the socket (missing, stale, refused or timed out)."""
 
 
 class Shutdown(BaseException):
@@ -60,44 +46,6 @@ class Shutdown(BaseException):
 
     A BaseException, so the per-request ``except Exception`` does not swallow it.
     """
-
-
-# -- framing ---------------------------------------------------------------------------------
-def frame(message: Mapping[str, Any]) -> bytes:
-    """One message as it goes over the socket: its length, then its JSON."""
-    data = json.dumps(message).encode("utf-8")
-    return HEADER.pack(len(data)) + data
-
-
-def send(sock: socket.socket, message: Mapping[str, Any]) -> None:
-    sock.sendall(frame(message))
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks: list[bytes] = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            raise ConnectionError("the peer closed the connection mid-message")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def recv(sock: socket.socket) -> Any:
-    """One message; EOFError if the peer closed without sending anything (a liveness probe)."""
-    first = sock.recv(HEADER.size)
-    if not first:
-        raise EOFError("connection closed before any request")
-    return recv_rest(sock, first)
-
-
-def recv_rest(sock: socket.socket, first: bytes) -> Any:
-    """The message whose first bytes (at most the header) were already read."""
-    (size,) = HEADER.unpack(first + recv_exact(sock, HEADER.size - len(first)))
-    if size > MAX_MESSAGE:
-        raise ValueError(f"message of {size} bytes is larger than the {MAX_MESSAGE}-byte limit")
-    return json.loads(recv_exact(sock, size).decode("utf-8"))
 
 
 def check_path(socket_path: str | Path, what: str = "server") -> str:
@@ -110,38 +58,6 @@ def check_path(socket_path: str | Path, what: str = "server") -> str:
 
 def pid_file(socket_path: str) -> str:
     return socket_path + ".pid"
-
-
-# -- client ----------------------------------------------------------------------------------
-def request(socket_path: str, message: Mapping[str, Any], connect_timeout: float, request_timeout: float,
-            what: str = "server") -> dict[str, Any]:
-    """Send one request, return the answer: ServiceUnavailable if nothing answers at the socket,
-    ServiceError for a failed exchange or an ``error`` answer (its text)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(connect_timeout)
-        try:
-            sock.connect(socket_path)
-        except OSError as exc:  # FileNotFoundError, ConnectionRefusedError (stale), timeout
-            raise ServiceUnavailable(f"no {what} at {socket_path}: {exc}") from None
-        sock.settimeout(request_timeout)
-        try:
-            send(sock, message)
-            answer = recv(sock)
-        except (OSError, ValueError, EOFError) as exc:
-            raise ServiceError(f"the {what} at {socket_path} failed: {exc!r}") from None
-    finally:
-        sock.close()
-    if not isinstance(answer, dict):
-        raise ServiceError(f"the {what} answered {type(answer).__name__}, not an object")
-    if "error" in answer:
-        raise ServiceError(f"the {what} could not answer: {answer['error']}")
-    return answer
-
-
-def ping(socket_path: str, what: str = "server", timeout: float = 5.0) -> int:
-    """The server's pid (ServiceUnavailable if none answers)."""
-    return int(request(socket_path, {"ping": True}, min(timeout, 1.0), timeout, what)["pid"])
 
 
 # -- processes -------------------------------------------------------------------------------
