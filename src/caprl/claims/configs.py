@@ -36,7 +36,8 @@ PARAMS_FILE = WORKSPACE + "/params.yaml"  # what that seed's stages read (--para
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """:func:`caprl.params.merge` (``--configfile``'s semantics) on a copy: ``base`` stays untouched."""
+    """:func:`caprl.params.merge` (``--configfile``'s semantics), deep-copied: the result shares no nested
+    mapping with ``base`` or ``override``, so a seed's params can be edited in place (``run_overrides``)."""
     return copy.deepcopy(params_mod.merge(base, override))
 
 
